@@ -1,0 +1,453 @@
+"""The GemmaFineTune and GemmaServe custom resources: types, defaults and field rules only.
+
+These pydantic models are the one source of the CRD schemas (`crd.py` turns them into
+openAPIV3Schema) and of the operator's parsing of a CR. Nothing here knows how a resource is
+reconciled. Field names are the public contract: add fields, never rename them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "gemma-tpu.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+Accelerator = Literal["v5p", "v6e", "cpu"]
+Preset = Literal["gemma4-31b", "gemma4-26b-a4b", "gemma4-e4b", "gemma4-e2b", "tiny"]
+DType = Literal["bfloat16", "float32"]
+MergeDType = Literal["bfloat16", "float16", "float32"]
+DatasetFormat = Literal["chat", "prompt-completion", "text"]
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LrSchedule = Literal["cosine", "linear", "constant"]
+
+ALL_LORA_TARGETS: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+# A Kubernetes object name (RFC 1123 subdomain) and a size such as "5GB" or "4Gi".
+_DNS_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+_SIZE = r"^[0-9]+(\.[0-9]+)?(B|KB|MB|GB|TB|Ki|Mi|Gi|Ti)?$"
+_URI = r"^(gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9](/.*)?|/.+)$"
+
+
+class Model(BaseModel):
+    """Common settings: camelCase on the wire, unknown fields refused (a typo must not pass)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True
+    )
+
+
+# ---------------------------------------------------------------------------- shared pieces
+
+
+class SecretKeyRef(Model):
+    """A key of a Secret in the CR's namespace. Only the reference is stored; never the value."""
+
+    name: Annotated[str, Field(pattern=_DNS_NAME, max_length=253, description="Secret name.")]
+    key: Annotated[str, Field(min_length=1, description="Key inside the Secret.")] = "token"
+
+
+class TPU(Model):
+    """Where the pods run: a TPU generation and slice topology, or `cpu` for clusters without TPUs."""
+
+    accelerator: Annotated[Accelerator, Field(description="TPU generation (v5p, v6e) or cpu.")] = "v5p"
+    topology: Annotated[
+        str | None,
+        Field(
+            pattern=r"^[0-9]+(x[0-9]+){1,2}$",
+            description="Slice topology, e.g. 2x2x1 (v5p-8) or 2x4 (v6e-8). Default: the "
+            "generation's smallest single-host slice (v5p 2x2x1, v6e 2x4).",
+        ),
+    ] = None
+    spot: Annotated[bool, Field(description="Schedule on Spot TPU nodes.")] = False
+    reservation: Annotated[
+        str | None,
+        Field(pattern=_DNS_NAME, max_length=63, description="Name of a specific TPU reservation."),
+    ] = None
+    node_pool: Annotated[
+        str | None,
+        Field(pattern=_DNS_NAME, max_length=63, description="Pin the pods to this GKE node pool."),
+    ] = None
+
+
+class Storage(Model):
+    """A PersistentVolumeClaim mounted in every pod, for local-path URIs on a real cluster."""
+
+    persistent_volume_claim: Annotated[str, Field(pattern=_DNS_NAME, max_length=253)]
+    mount_path: Annotated[str, Field(pattern=r"^/.+")] = "/data"
+
+
+class Images(Model):
+    """Per-resource image overrides; the operator's settings give the defaults."""
+
+    training: str | None = None
+    merge: str | None = None
+
+
+class Condition(Model):
+    """A Kubernetes condition (the metav1.Condition shape)."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+# ---------------------------------------------------------------------------- GemmaFineTune
+
+
+class ModelSource(Model):
+    """The base weights: a Hugging Face-format checkpoint at a URI, or a Hugging Face repo."""
+
+    uri: Annotated[
+        str | None,
+        Field(pattern=_URI, description="gs:// prefix or path of an HF-format safetensors checkpoint."),
+    ] = None
+    hf_repo: Annotated[
+        str | None,
+        Field(
+            pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+$",
+            description="Hugging Face repository id, e.g. google/gemma-4-31B-it.",
+        ),
+    ] = None
+    hf_token_secret_ref: Annotated[
+        SecretKeyRef | None, Field(description="Secret holding the Hugging Face token.")
+    ] = None
+    preset: Annotated[
+        Preset | None,
+        Field(
+            description="Model size used for planning (HBM fit, cost); inferred from a known "
+            "hfRepo. The workloads always read the architecture from config.json."
+        ),
+    ] = None
+    dtype: Annotated[DType, Field(description="dtype of the base weights during training.")] = "bfloat16"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSource:
+        if (self.uri is None) == (self.hf_repo is None):
+            raise ValueError("set exactly one of uri or hfRepo")
+        if self.hf_token_secret_ref is not None and self.hf_repo is None:
+            raise ValueError("hfTokenSecretRef is only used with hfRepo")
+        return self
+
+
+class Dataset(Model):
+    """Training data: JSONL, one example a line."""
+
+    uri: Annotated[str, Field(pattern=_URI, description="gs:// URI or path of a JSONL file.")]
+    format: Annotated[
+        DatasetFormat,
+        Field(
+            description="chat: {messages: [{role, content}]}; prompt-completion: {prompt, "
+            "completion}; text: {text}."
+        ),
+    ] = "chat"
+    max_seq_len: Annotated[int, Field(ge=16, le=262144, description="Tokens per sequence.")] = 2048
+    packing: Annotated[bool, Field(description="Pack several examples into one sequence.")] = False
+    eval_fraction: Annotated[
+        float, Field(ge=0.0, le=0.5, description="Fraction of examples held out for evaluation.")
+    ] = 0.0
+    skip_invalid: Annotated[
+        bool, Field(description="Skip malformed lines (and report how many) instead of failing.")
+    ] = False
+
+
+class Lora(Model):
+    """LoRA adapter settings (Qwix). Targets use Hugging Face projection names."""
+
+    rank: Annotated[int, Field(ge=1, le=1024)] = 16
+    alpha: Annotated[float, Field(gt=0)] = 32.0
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    target_modules: Annotated[
+        list[LoraTarget],
+        Field(
+            min_length=1,
+            description="Projections to adapt. k_proj covers the global layers' keys too; on "
+            "sliding layers k_proj and v_proj are one fused projection, so list both or neither.",
+        ),
+    ] = Field(default_factory=lambda: list(ALL_LORA_TARGETS))
+
+    @field_validator("target_modules")
+    @classmethod
+    def _kv_together(cls, targets: list[str]) -> list[str]:
+        if len(set(targets)) != len(targets):
+            raise ValueError("targetModules lists a module twice")
+        if ("k_proj" in targets) != ("v_proj" in targets):
+            raise ValueError(
+                "k_proj and v_proj share one fused projection (kv_einsum) on sliding layers: "
+                "list both or neither"
+            )
+        return targets
+
+
+class Mesh(Model):
+    """JAX device mesh: fsdp x tp must equal the slice's chip count."""
+
+    fsdp: Annotated[int, Field(ge=1)]
+    tp: Annotated[int, Field(ge=1)]
+
+
+class Training(Model):
+    """Optimisation settings. The effective batch is batchSize sequences per optimizer step."""
+
+    steps: Annotated[int | None, Field(ge=1, description="Optimizer steps (or set epochs).")] = None
+    epochs: Annotated[
+        int | None, Field(ge=1, description="Passes over the data (or set steps); default 1.")
+    ] = None
+    batch_size: Annotated[int, Field(ge=1, description="Global batch (sequences per step).")] = 8
+    micro_batch_size: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="Sequences per forward pass across the slice; batchSize/microBatchSize "
+            "is the gradient accumulation. Default: the mesh's data-parallel size.",
+        ),
+    ] = None
+    learning_rate: Annotated[float, Field(gt=0, le=1.0)] = 1e-4
+    lr_schedule: LrSchedule = "cosine"
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    seed: Annotated[int, Field(ge=0)] = 0
+    checkpoint_every: Annotated[int, Field(ge=1, description="Steps between checkpoints.")] = 100
+    keep_checkpoints: Annotated[int, Field(ge=1, description="Checkpoints kept.")] = 3
+    log_every: Annotated[int, Field(ge=1, description="Steps between progress reports.")] = 10
+    gradient_checkpointing: Annotated[
+        bool, Field(description="Rematerialise decoder layers (less HBM, ~30% more compute).")
+    ] = True
+    mesh: Annotated[Mesh | None, Field(description="Override the derived mesh.")] = None
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> Training:
+        # No defaulting here: an API-server default for epochs would clash with a later steps.
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError("set steps or epochs, not both")
+        return self
+
+
+class Output(Model):
+    uri: Annotated[
+        str,
+        Field(pattern=_URI, description="Where checkpoints and the merged model are written."),
+    ]
+
+
+class Merge(Model):
+    """The merge of the LoRA adapter into full Hugging Face safetensors after training."""
+
+    enabled: bool = True
+    dtype: MergeDType = "bfloat16"
+    shard_size: Annotated[str, Field(pattern=_SIZE, description="Largest output shard, e.g. 5GB.")] = "5GB"
+
+
+class GemmaFineTuneSpec(Model):
+    """GemmaFineTune: a LoRA fine-tune of Gemma 4 on a TPU slice, merged to HF safetensors."""
+
+    model: ModelSource
+    dataset: Dataset
+    output: Output
+    lora: Lora = Field(default_factory=Lora)
+    training: Training = Field(default_factory=Training)
+    tpu: TPU = Field(default_factory=TPU)
+    merge: Merge = Field(default_factory=Merge)
+    suspend: Annotated[bool, Field(description="Stop (or hold) training; resume later.")] = False
+    service_account_name: Annotated[
+        str | None, Field(pattern=_DNS_NAME, description="ServiceAccount of the workload pods.")
+    ] = None
+    images: Images = Field(default_factory=Images)
+    storage: Storage | None = None
+    backoff_limit: Annotated[
+        int,
+        Field(ge=0, le=100, description="Pod failures tolerated (preemptions are not counted)."),
+    ] = 3
+
+
+class Progress(Model):
+    step: int = 0
+    total_steps: int | None = None
+    loss: float | None = None
+    tokens_per_second: float | None = None
+
+
+class FineTuneOutputs(Model):
+    checkpoint: str | None = None
+    merged: str | None = None
+
+
+class FineTuneChildren(Model):
+    config_map: str | None = None
+    training: str | None = None
+    merge: str | None = None
+
+
+class GemmaFineTuneStatus(Model):
+    phase: Literal["Pending", "Training", "Merging", "Succeeded", "Failed", "Suspended"] | None = None
+    message: str | None = None
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    model: Annotated[str | None, Field(description="The base model, as planned.")] = None
+    topology: Annotated[str | None, Field(description="The slice, e.g. v5p 2x2x1.")] = None
+    run: Annotated[
+        str | None, Field(description="Id of the current run: a hash of the training inputs.")
+    ] = None
+    attempt: int | None = None
+    children: FineTuneChildren | None = None
+    progress: Progress | None = None
+    outputs: FineTuneOutputs | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+    chip_hours: float | None = None
+    estimated_cost: float | None = None
+    restarts: int | None = None
+    preemptions: int | None = None
+
+
+# ---------------------------------------------------------------------------- GemmaServe
+
+
+class FineTuneRef(Model):
+    name: Annotated[str, Field(pattern=_DNS_NAME, max_length=253)]
+
+
+class ServeModel(Model):
+    """What to serve: the merged output of a GemmaFineTune, a URI, or a Hugging Face repo."""
+
+    fine_tune_ref: FineTuneRef | None = None
+    uri: Annotated[str | None, Field(pattern=_URI)] = None
+    hf_repo: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+$")] = None
+    hf_token_secret_ref: SecretKeyRef | None = None
+    preset: Preset | None = None
+    served_name: Annotated[
+        str | None,
+        Field(max_length=253, description="Model name in the OpenAI API (default: the CR name)."),
+    ] = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ServeModel:
+        sources = [s for s in (self.fine_tune_ref, self.uri, self.hf_repo) if s is not None]
+        if len(sources) != 1:
+            raise ValueError("set exactly one of fineTuneRef, uri or hfRepo")
+        if self.hf_token_secret_ref is not None and self.hf_repo is None:
+            raise ValueError("hfTokenSecretRef is only used with hfRepo")
+        return self
+
+
+class VLLM(Model):
+    image: str | None = None
+    max_model_len: Annotated[int, Field(ge=16, le=262144)] = 4096
+    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] = 64
+    max_num_batched_tokens: Annotated[int | None, Field(ge=16)] = None
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
+    extra_args: list[str] = Field(default_factory=list)
+    api_key_secret_ref: SecretKeyRef | None = None
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_secrets_in_args(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            if re.match(r"^--(api-key|hf-token)\b", arg):
+                raise ValueError(f"{arg.split('=')[0]} must come from a Secret (apiKeySecretRef), not extraArgs")
+        return args
+
+
+class CompilationCache(Model):
+    """Where the XLA compilation cache persists across restarts and replicas."""
+
+    uri: Annotated[str | None, Field(pattern=r"^gs://.+")] = None
+    pvc: Annotated[str | None, Field(pattern=_DNS_NAME, max_length=253)] = None
+
+    @model_validator(mode="after")
+    def _one_place(self) -> CompilationCache:
+        if (self.uri is None) == (self.pvc is None):
+            raise ValueError("set exactly one of uri or pvc")
+        return self
+
+
+class GemmaServeSpec(Model):
+    """GemmaServe: an OpenAI-compatible vLLM service of a Gemma 4 model on TPU."""
+
+    model: ServeModel
+    tpu: TPU = Field(default_factory=lambda: TPU(accelerator="v6e"))
+    replicas: Annotated[int, Field(ge=0, le=1000)] = 1
+    vllm: VLLM = Field(default_factory=VLLM)
+    compilation_cache: CompilationCache | None = None
+    service_account_name: Annotated[str | None, Field(pattern=_DNS_NAME)] = None
+    storage: Storage | None = None
+
+
+class GemmaServeStatus(Model):
+    phase: Literal["Pending", "WaitingForModel", "Deploying", "Ready", "Failed"] | None = None
+    message: str | None = None
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    model_uri: str | None = None
+    served_model_name: str | None = None
+    revision: str | None = None
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    updated_replicas: int | None = None
+    endpoint: str | None = None
+
+
+# ---------------------------------------------------------------------------- the kinds
+
+
+class Kind:
+    """What crd.py and the handlers need to know of one custom resource kind."""
+
+    def __init__(
+        self,
+        kind: str,
+        plural: str,
+        short_name: str,
+        spec: type[Model],
+        status: type[Model],
+        columns: list[dict],
+    ) -> None:
+        self.kind, self.plural, self.short_name = kind, plural, short_name
+        self.spec, self.status, self.columns = spec, status, columns
+        self.singular = kind.lower()
+
+
+FINETUNE = Kind(
+    "GemmaFineTune",
+    "gemmafinetunes",
+    "gft",
+    GemmaFineTuneSpec,
+    GemmaFineTuneStatus,
+    [
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
+        {"name": "Total", "type": "integer", "jsonPath": ".status.progress.totalSteps"},
+        {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss", "priority": 1},
+        {"name": "Model", "type": "string", "jsonPath": ".status.model"},
+        {"name": "Slice", "type": "string", "jsonPath": ".status.topology"},
+        {"name": "Chip-Hours", "type": "number", "jsonPath": ".status.chipHours", "priority": 1},
+        {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ],
+)
+
+SERVE = Kind(
+    "GemmaServe",
+    "gemmaserves",
+    "gsv",
+    GemmaServeSpec,
+    GemmaServeStatus,
+    [
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+        {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+        {"name": "Model", "type": "string", "jsonPath": ".status.modelUri"},
+        {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
+        {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ],
+)
+
+KINDS = {k.kind: k for k in (FINETUNE, SERVE)}

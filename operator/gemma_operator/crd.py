@@ -1,0 +1,173 @@
+"""CustomResourceDefinitions generated from the pydantic models in `api.py`.
+
+Pydantic writes JSON Schema (draft 2020-12 with $refs); the API server wants a structural
+OpenAPI v3.0 schema. The conversion inlines references, drops `null` branches and titles, turns
+numeric exclusive bounds into OpenAPI's boolean form, and keeps enums, bounds, patterns,
+descriptions and defaults, so `kubectl explain` documents every field and the API server applies
+the defaults. Cross-field rules come from the models' `x-kubernetes-validations` (CEL).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pydantic import BaseModel
+
+from gemma_operator import api
+
+# Cross-field rules the API server enforces at admission (the models enforce them too).
+CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
+    api.ModelSource: [
+        {"rule": "has(self.uri) != has(self.hfRepo)", "message": "set exactly one of uri or hfRepo"},
+        {"rule": "!has(self.hfTokenSecretRef) || has(self.hfRepo)", "message": "hfTokenSecretRef is only used with hfRepo"},
+    ],
+    api.ServeModel: [
+        {
+            "rule": "(has(self.fineTuneRef) ? 1 : 0) + (has(self.uri) ? 1 : 0) + (has(self.hfRepo) ? 1 : 0) == 1",
+            "message": "set exactly one of fineTuneRef, uri or hfRepo",
+        },
+    ],
+    api.Training: [
+        {"rule": "!(has(self.steps) && has(self.epochs))", "message": "set steps or epochs, not both"},
+    ],
+    api.Lora: [
+        {
+            "rule": "self.targetModules.exists(t, t == 'k_proj') == self.targetModules.exists(t, t == 'v_proj')",
+            "message": "k_proj and v_proj share one fused projection on sliding layers: list both or neither",
+        },
+    ],
+    api.CompilationCache: [
+        {"rule": "has(self.uri) != has(self.pvc)", "message": "set exactly one of uri or pvc"},
+    ],
+}  # fmt: skip
+
+_DROP = {"title", "additionalProperties", "$defs"}
+
+
+def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The structural OpenAPI v3 schema of one model."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.get("$defs", {})
+    rules = {m.__name__: r for m, r in CEL_RULES.items()}
+    return _convert(raw, defs, rules, model.__name__)
+
+
+def _convert(node: dict, defs: dict, rules: dict, name: str | None = None) -> dict[str, Any]:
+    if "$ref" in node:
+        ref = node["$ref"].rsplit("/", 1)[-1]
+        extra = {k: v for k, v in node.items() if k != "$ref"}
+        return _convert({**defs[ref], **extra}, defs, rules, ref)
+    if "anyOf" in node:
+        branches = [b for b in node["anyOf"] if b.get("type") != "null"]
+        extra = {k: v for k, v in node.items() if k != "anyOf"}
+        if len(branches) != 1:
+            raise ValueError(f"unions are not structural: {node}")
+        return _convert({**branches[0], **extra}, defs, rules, name)
+
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP:
+            continue
+        if key == "default" and value is None:
+            continue
+        if key == "const":
+            out["enum"] = [value]
+        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
+            bound = "minimum" if key == "exclusiveMinimum" else "maximum"
+            out[bound] = value
+            out[key] = True
+        elif key == "properties":
+            out["properties"] = {k: _convert(v, defs, rules) for k, v in value.items()}
+        elif key == "items":
+            out["items"] = _convert(value, defs, rules)
+        else:
+            out[key] = copy.deepcopy(value)
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    if name in rules and out.get("type") == "object":
+        out["x-kubernetes-validations"] = rules[name]
+    return out
+
+
+def _status_schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema = openapi_schema(model)
+    conditions = schema["properties"]["conditions"]
+    conditions["x-kubernetes-list-type"] = "map"
+    conditions["x-kubernetes-list-map-keys"] = ["type"]
+    conditions["items"]["required"] = ["type", "status", "reason"]
+    conditions.pop("default", None)
+    return schema
+
+
+def _object_defaults(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """Give optional object fields built by a default factory their full default value, so the
+    API server fills nested defaults even when the user leaves the whole block out."""
+    for name, field in model.model_fields.items():
+        alias = field.alias or name
+        prop = schema["properties"].get(alias)
+        if prop is None or field.default_factory is None:
+            continue
+        value = field.default_factory()
+        if isinstance(value, BaseModel):
+            prop["default"] = value.model_dump(mode="json", by_alias=True, exclude_none=True)
+            _object_defaults(prop, type(value))
+        elif value:
+            prop["default"] = copy.deepcopy(value)
+
+
+def crd(kind: api.Kind) -> dict[str, Any]:
+    """The CustomResourceDefinition of one kind."""
+    spec_schema = openapi_schema(kind.spec)
+    _object_defaults(spec_schema, kind.spec)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{kind.plural}.{api.GROUP}",
+            "labels": {"app.kubernetes.io/name": "gemma-tpu-operator", "app.kubernetes.io/component": "crd"},
+        },
+        "spec": {
+            "group": api.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": kind.kind,
+                "listKind": f"{kind.kind}List",
+                "plural": kind.plural,
+                "singular": kind.singular,
+                "shortNames": [kind.short_name],
+                "categories": ["gemma"],
+            },
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": kind.columns,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": (kind.spec.__doc__ or kind.kind).strip().splitlines()[0],
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": _status_schema(kind.status),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def all_crds() -> list[dict[str, Any]]:
+    return [crd(kind) for kind in api.KINDS.values()]
+
+
+def crd_filename(kind: api.Kind) -> str:
+    return f"{api.GROUP}_{kind.plural}.yaml"

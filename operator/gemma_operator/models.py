@@ -1,0 +1,123 @@
+"""Gemma 4 model shapes, for planning only (HBM fit, merge memory, cost).
+
+Sizes are data, as in Tunix's `ModelConfig.gemma4_*` presets (the source of these numbers); the
+parameter counts are those measured with `nnx.eval_shape` on the text models. The operator never
+reads a checkpoint: the workloads take the real architecture from `config.json`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    preset: str
+    params: float  # text decoder parameters
+    layers: int
+    embed_dim: int
+    mlp_dim: int
+    heads: int
+    head_dim: int
+    kv_heads: int
+    global_kv_heads: int
+    global_head_dim: int
+    vocab: int
+    sliding_window: int
+    local_per_global: int = 5  # the 5 sliding : 1 global pattern
+    k_eq_v_global: bool = True
+    moe: bool = False
+
+    @property
+    def global_layers(self) -> int:
+        return self.layers // (self.local_per_global + 1)
+
+    @property
+    def sliding_layers(self) -> int:
+        return self.layers - self.global_layers
+
+    def projection_shapes(self) -> dict[str, list[tuple[int, int]]]:
+        """(in, out) of every adaptable projection, per HF target name, over all layers."""
+        d, s, g = self.embed_dim, self.sliding_layers, self.global_layers
+        q_s, q_g = self.heads * self.head_dim, self.heads * self.global_head_dim
+        kv_s, kv_g = self.kv_heads * self.head_dim, self.global_kv_heads * self.global_head_dim
+        return {
+            "q_proj": [(d, q_s)] * s + [(d, q_g)] * g,
+            "k_proj": [(d, kv_s)] * s + [(d, kv_g)] * g,
+            "v_proj": [(d, kv_s)] * s + ([] if self.k_eq_v_global else [(d, kv_g)] * g),
+            "o_proj": [(q_s, d)] * s + [(q_g, d)] * g,
+            "gate_proj": [(d, self.mlp_dim)] * self.layers,
+            "up_proj": [(d, self.mlp_dim)] * self.layers,
+            "down_proj": [(self.mlp_dim, d)] * self.layers,
+        }
+
+    def lora_params(self, rank: int, targets: list[str]) -> int:
+        shapes = self.projection_shapes()
+        return sum(rank * (i + o) for t in targets for i, o in shapes[t])
+
+    def largest_target_elements(self, targets: list[str]) -> int:
+        shapes = self.projection_shapes()
+        return max((i * o for t in targets for i, o in shapes[t]), default=0)
+
+    def largest_tensor_elements(self) -> int:
+        return max(self.vocab * self.embed_dim, self.largest_target_elements(list(self.projection_shapes())))
+
+    def kv_bytes_per_token(self, dtype_bytes: int, max_len: int) -> float:
+        """KV cache bytes per sequence token, with sliding layers capped at their window."""
+        sliding = 2 * self.kv_heads * self.head_dim * self.sliding_layers
+        sliding *= min(1.0, self.sliding_window / max(1, max_len))
+        k_or_kv = 1 if self.k_eq_v_global else 2
+        full = k_or_kv * self.global_kv_heads * self.global_head_dim * self.global_layers
+        return (sliding + full) * dtype_bytes
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token: 6N for the matmuls (LoRA adds little)."""
+        return 6.0 * self.params
+
+
+PRESETS: dict[str, ModelShape] = {
+    "gemma4-31b": ModelShape(
+        "gemma4-31b", 30.70e9, layers=60, embed_dim=5376, mlp_dim=21504, heads=32, head_dim=256,
+        kv_heads=16, global_kv_heads=4, global_head_dim=512, vocab=262144, sliding_window=1024,
+    ),
+    "gemma4-26b-a4b": ModelShape(
+        "gemma4-26b-a4b", 25.23e9, layers=30, embed_dim=2816, mlp_dim=2112, heads=16, head_dim=256,
+        kv_heads=8, global_kv_heads=2, global_head_dim=512, vocab=262144, sliding_window=1024,
+        moe=True,
+    ),
+    "gemma4-e4b": ModelShape(
+        "gemma4-e4b", 7.52e9, layers=42, embed_dim=2560, mlp_dim=10240, heads=8, head_dim=256,
+        kv_heads=2, global_kv_heads=2, global_head_dim=512, vocab=262144, sliding_window=512,
+        k_eq_v_global=False,
+    ),
+    "gemma4-e2b": ModelShape(
+        "gemma4-e2b", 4.65e9, layers=35, embed_dim=1536, mlp_dim=6144, heads=8, head_dim=256,
+        kv_heads=1, global_kv_heads=1, global_head_dim=512, vocab=262144, sliding_window=512,
+        local_per_global=4, k_eq_v_global=False,
+    ),
+    # The test model built by gemma_workloads.tiny (2 layers: one sliding, one global).
+    "tiny": ModelShape(
+        "tiny", 0.3e6, layers=2, embed_dim=96, mlp_dim=192, heads=4, head_dim=32, kv_heads=2,
+        global_kv_heads=1, global_head_dim=64, vocab=512, sliding_window=16, local_per_global=1,
+    ),
+}  # fmt: skip
+
+_REPO_PRESETS = [
+    (re.compile(r"gemma-?4-31b", re.I), "gemma4-31b"),
+    (re.compile(r"gemma-?4-26b-a4b", re.I), "gemma4-26b-a4b"),
+    (re.compile(r"gemma-?4-e4b", re.I), "gemma4-e4b"),
+    (re.compile(r"gemma-?4-e2b", re.I), "gemma4-e2b"),
+]
+
+
+def infer_preset(hf_repo: str | None) -> str | None:
+    """The preset of a known Hugging Face repo id (google/gemma-4-31B-it -> gemma4-31b)."""
+    if not hf_repo:
+        return None
+    for pattern, preset in _REPO_PRESETS:
+        if pattern.search(hf_repo):
+            return preset
+    return None

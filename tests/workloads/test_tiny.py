@@ -1,0 +1,55 @@
+"""The tiny checkpoint generator makes what transformers (and so vLLM) loads as Gemma 4."""
+
+import json
+
+import pytest
+
+from gemma_workloads import tiny
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return tiny.write_checkpoint(tmp_path_factory.mktemp("tiny"), shards=3)
+
+
+def test_checkpoint_has_the_files_of_a_released_model(checkpoint):
+    names = set(checkpoint.files)
+    assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+            "chat_template.jinja", "model.safetensors.index.json"} <= names
+    assert sum(n.startswith("model-0000") for n in names) == 3
+    index = json.loads((checkpoint.path / "model.safetensors.index.json").read_text())
+    files = set(index["weight_map"].values())
+    assert len(files) == 3, "tensors must be spread over every shard"
+
+
+def test_transformers_loads_every_tensor(checkpoint):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint.path, dtype=torch.float32)
+    assert type(model).__name__ == "Gemma4ForCausalLM"
+    expected = set(checkpoint.config.tensor_shapes())
+    state = {k for k in model.state_dict() if k != "lm_head.weight"}  # tied to the embedding
+    assert state == expected
+    layer_types = model.config.layer_types
+    assert layer_types == ["sliding_attention", "full_attention"]
+    assert model.config.attention_k_eq_v
+
+
+def test_chat_template_renders_gemma4_turns(checkpoint):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(checkpoint.path)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
+    text = tok.apply_chat_template(messages, tokenize=False)
+    assert text == "<bos><|turn>user\nHi<turn|>\n<|turn>model\nHello.<turn|>\n"
+    assert len(tok) <= checkpoint.config.vocab_size
+    ids = tok("The capital of France is Paris.")["input_ids"]
+    assert tok.decode(ids) == "The capital of France is Paris."
+
+
+@pytest.mark.parametrize("fmt,keys", [("chat", {"messages"}), ("prompt-completion", {"prompt", "completion"}), ("text", {"text"})])
+def test_dataset_formats(tmp_path, fmt, keys):
+    path = tiny.write_dataset(tmp_path / "d.jsonl", fmt, n=10)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 10 and all(set(r) == keys for r in rows)

@@ -1,0 +1,235 @@
+"""The contract between the operator and the pods it starts.
+
+The operator renders a `TrainConfig` or `MergeConfig` into a ConfigMap; the pod reads it with
+`python -m gemma_workloads.train --config FILE` (or `.merge`). Results come back the other way:
+a JSON `TrainResult`/`MergeResult` in the pod's termination message, and `Progress` lines on
+stdout that the operator reads from the pod log. This module must stay light (pydantic only):
+the operator imports it and never imports jax.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Exit codes: the operator's failure policy reads these (see gemma_operator.failure_policy).
+EXIT_OK = 0
+EXIT_FAILED = 1  # an application error: not retried
+EXIT_INVALID_INPUT = 2  # bad config or data: not retried
+EXIT_PREEMPTED = 42  # stopped by SIGTERM after a checkpoint: retried, not counted as a failure
+
+TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_LOG_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
+
+# HF projection names -> Tunix Gemma 4 modules. k_proj also covers the global layers'
+# k_einsum; on sliding layers k and v are one fused kv_einsum.
+LORA_MODULES: dict[str, tuple[str, ...]] = {
+    "q_proj": ("q_einsum",),
+    "k_proj": ("kv_einsum", "k_einsum"),
+    "v_proj": ("kv_einsum",),
+    "o_proj": ("attn_vec_einsum",),
+    "gate_proj": ("gate_proj",),
+    "up_proj": ("up_proj",),
+    "down_proj": ("down_proj",),
+}
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @classmethod
+    def load(cls, path: str | Path):
+        """Read a config file (JSON or YAML)."""
+        text = Path(path).read_text()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            import yaml
+
+            data = yaml.safe_load(text)
+        return cls.model_validate(data)
+
+    def dumps(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+class DatasetConfig(_Config):
+    path: str
+    format: Literal["chat", "prompt-completion", "text"] = "chat"
+    max_seq_len: Annotated[int, Field(ge=16)] = 2048
+    packing: bool = False
+    eval_fraction: Annotated[float, Field(ge=0.0, le=0.5)] = 0.0
+    skip_invalid: bool = False
+
+
+class LoraConfig(_Config):
+    rank: Annotated[int, Field(ge=1)] = 16
+    alpha: Annotated[float, Field(gt=0)] = 32.0
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_MODULES))
+
+    @model_validator(mode="after")
+    def _known_targets(self) -> LoraConfig:
+        unknown = [t for t in self.target_modules if t not in LORA_MODULES]
+        if unknown:
+            raise ValueError(f"unknown LoRA target module(s) {unknown}; allowed: {sorted(LORA_MODULES)}")
+        return self
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+class MeshConfig(_Config):
+    fsdp: Annotated[int, Field(ge=1)]
+    tp: Annotated[int, Field(ge=1)]
+
+
+class TrainConfig(_Config):
+    """Everything the training pod needs; paths may be local or gs://."""
+
+    model_path: str
+    model_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    dataset: DatasetConfig
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    steps: Annotated[int | None, Field(ge=1)] = None
+    epochs: Annotated[int | None, Field(ge=1)] = None
+    batch_size: Annotated[int, Field(ge=1)] = 8
+    micro_batch_size: Annotated[int, Field(ge=1)] = 1
+    learning_rate: Annotated[float, Field(gt=0)] = 1e-4
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    seed: int = 0
+    checkpoint_every: Annotated[int, Field(ge=1)] = 100
+    keep_checkpoints: Annotated[int, Field(ge=1)] = 3
+    log_every: Annotated[int, Field(ge=1)] = 10
+    gradient_checkpointing: bool = True
+    mesh: MeshConfig | None = None
+    output_dir: str
+    num_hosts: Annotated[int, Field(ge=1)] = 1
+    peak_tflops_per_device: Annotated[
+        float | None, Field(gt=0, description="For the MFU estimate; None: derived from the device.")
+    ] = None
+    termination_log: str = TERMINATION_LOG
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError("set steps or epochs, not both")
+        if self.steps is None and self.epochs is None:
+            self.epochs = 1
+        if self.batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"batch_size {self.batch_size} is not a multiple of micro_batch_size {self.micro_batch_size}"
+            )
+        return self
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return join(self.output_dir, "checkpoints")
+
+    @property
+    def grad_accumulation(self) -> int:
+        return self.batch_size // self.micro_batch_size
+
+
+class MergeConfig(_Config):
+    """Everything the merge pod needs; paths may be local or gs://."""
+
+    base_model_path: str
+    checkpoint_dir: str
+    step: Annotated[int | None, Field(ge=0, description="None: the latest complete checkpoint.")] = None
+    output_dir: str
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    shard_size_bytes: Annotated[int, Field(ge=1)] = 5 * 10**9
+    workers: Annotated[int, Field(ge=1)] = 2
+    lora: LoraConfig | None = Field(
+        default=None, description="None: read rank/alpha/targets from the checkpoint's metadata."
+    )
+    termination_log: str = TERMINATION_LOG
+
+
+# ---------------------------------------------------------------------------- results
+
+
+class Progress(BaseModel):
+    """One progress line on the training pod's stdout: `{"event": "progress", ...}`."""
+
+    event: Literal["progress"] = "progress"
+    step: int
+    total_steps: int
+    loss: float | None = None
+    tokens_per_second: float | None = None
+    mfu: float | None = None
+
+    def line(self) -> str:
+        return self.model_dump_json(exclude_none=True)
+
+    @classmethod
+    def last_in(cls, log: str) -> Progress | None:
+        """The latest progress line in a log tail, if any."""
+        for raw in reversed(log.splitlines()):
+            raw = raw.strip()
+            if raw.startswith("{") and '"progress"' in raw:
+                try:
+                    return cls.model_validate_json(raw)
+                except ValueError:
+                    continue
+        return None
+
+
+class TrainResult(BaseModel):
+    """The training pod's termination message."""
+
+    status: Literal["succeeded", "preempted", "failed"]
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+    tokens_per_second: float | None = None
+    checkpoint: str | None = None
+    error: str | None = None
+
+
+class MergeResult(BaseModel):
+    """The merge pod's termination message."""
+
+    status: Literal["succeeded", "failed"]
+    output: str | None = None
+    tensors_merged: int | None = None
+    bytes_written: int | None = None
+    seconds: float | None = None
+    error: str | None = None
+
+
+def write_termination_message(result: BaseModel, path: str = TERMINATION_LOG) -> None:
+    """Write a result where Kubernetes picks it up, trimmed to the 4 KiB it keeps."""
+    text = result.model_dump_json(exclude_none=True)
+    if len(text.encode()) > TERMINATION_LOG_LIMIT and getattr(result, "error", None):
+        overflow = len(text.encode()) - TERMINATION_LOG_LIMIT + 16
+        result = result.model_copy(update={"error": result.error[: max(0, len(result.error) - overflow)] + "…"})
+        text = result.model_dump_json(exclude_none=True)
+    try:
+        Path(path).write_text(text)
+    except OSError:
+        pass  # not in a pod (or no such path): the result is also logged by the caller
+
+
+def join(base: str, *parts: str) -> str:
+    """Join path parts for local paths and gs:// URIs alike."""
+    out = base.rstrip("/")
+    for part in parts:
+        out = f"{out}/{part.strip('/')}"
+    return out
+
+
+def run_dir(output_uri: str, run: str) -> str:
+    """Each run of a fine-tune writes under its own folder, so a re-run never overwrites one."""
+    return join(output_uri, "runs", run)
+
+
+def merged_dir(output_uri: str, run: str) -> str:
+    return join(run_dir(output_uri, run), "merged")

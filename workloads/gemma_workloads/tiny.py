@@ -1,0 +1,304 @@
+"""A tiny, randomly initialised Gemma 4 checkpoint and a small learnable dataset, made locally.
+
+There is no model hub here, so tests and the local demo build their own model: Hugging Face
+layout (config.json, sharded safetensors + index, tokenizer.json with a Gemma-4-style chat
+template), the same files a real `google/gemma-4-*` checkpoint has, at a size that trains in
+seconds on a CPU. It has one sliding and one global layer, with K=V on the global layer, so every
+code path of the 31B model is exercised. Only numpy, safetensors and tokenizers are needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>"]
+PAD_ID, EOS_ID, BOS_ID, UNK_ID, TURN_START_ID, TURN_END_ID = range(6)
+
+# Gemma 4's turn format (`<|turn>role\n...<turn|>\n`, the assistant's role named `model`),
+# without the tool-calling and thinking parts of the released template.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<|turn>' + role + '\n' + message['content'] | trim + '<turn|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|turn>model\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """Sizes of the tiny model. embed_dim must differ from every head size (a tunix loader rule)."""
+
+    vocab_size: int = 512
+    hidden_size: int = 96
+    intermediate_size: int = 192
+    num_attention_heads: int = 4
+    head_dim: int = 32
+    num_key_value_heads: int = 2
+    global_head_dim: int = 64
+    num_global_key_value_heads: int = 1
+    sliding_window: int = 16
+    layer_types: tuple[str, ...] = ("sliding_attention", "full_attention")
+    max_position_embeddings: int = 4096
+    final_logit_softcapping: float = 30.0
+    attention_k_eq_v: bool = True
+    init_std: float = 0.05
+
+    def hf_config(self, dtype: str = "float32") -> dict:
+        """config.json of the text-only model (Gemma4ForCausalLM)."""
+        return {
+            "architectures": ["Gemma4ForCausalLM"],
+            "model_type": "gemma4_text",
+            "vocab_size": self.vocab_size,
+            "vocab_size_per_layer_input": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": len(self.layer_types),
+            "num_attention_heads": self.num_attention_heads,
+            "head_dim": self.head_dim,
+            "num_key_value_heads": self.num_key_value_heads,
+            "global_head_dim": self.global_head_dim,
+            "num_global_key_value_heads": self.num_global_key_value_heads,
+            "attention_k_eq_v": self.attention_k_eq_v,
+            "sliding_window": self.sliding_window,
+            "layer_types": list(self.layer_types),
+            "hidden_size_per_layer_input": 0,
+            "num_kv_shared_layers": 0,
+            "max_position_embeddings": self.max_position_embeddings,
+            "final_logit_softcapping": self.final_logit_softcapping,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {
+                "full_attention": {
+                    "partial_rotary_factor": 0.25,
+                    "rope_theta": 1000000.0,
+                    "rope_type": "proportional",
+                },
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+            },
+            "tie_word_embeddings": True,
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "enable_moe_block": False,
+            "use_double_wide_mlp": False,
+            "pad_token_id": PAD_ID,
+            "eos_token_id": EOS_ID,
+            "bos_token_id": BOS_ID,
+            "dtype": dtype,
+        }
+
+    def tensor_shapes(self, prefix: str = "model.") -> dict[str, tuple[int, ...]]:
+        """Every tensor of the checkpoint, in HF's [out, in] layout, in a stable order."""
+        d, f = self.hidden_size, self.intermediate_size
+        shapes: dict[str, tuple[int, ...]] = {f"{prefix}embed_tokens.weight": (self.vocab_size, d)}
+        for i, kind in enumerate(self.layer_types):
+            full = kind == "full_attention"
+            hd = self.global_head_dim if full else self.head_dim
+            kvh = self.num_global_key_value_heads if full else self.num_key_value_heads
+            layer = f"{prefix}layers.{i}."
+            shapes[layer + "layer_scalar"] = (1,)
+            shapes[layer + "self_attn.q_proj.weight"] = (self.num_attention_heads * hd, d)
+            shapes[layer + "self_attn.k_proj.weight"] = (kvh * hd, d)
+            if not (full and self.attention_k_eq_v):
+                shapes[layer + "self_attn.v_proj.weight"] = (kvh * hd, d)
+            shapes[layer + "self_attn.o_proj.weight"] = (d, self.num_attention_heads * hd)
+            shapes[layer + "self_attn.q_norm.weight"] = (hd,)
+            shapes[layer + "self_attn.k_norm.weight"] = (hd,)
+            shapes[layer + "mlp.gate_proj.weight"] = (f, d)
+            shapes[layer + "mlp.up_proj.weight"] = (f, d)
+            shapes[layer + "mlp.down_proj.weight"] = (d, f)
+            for norm in ("input", "post_attention", "pre_feedforward", "post_feedforward"):
+                shapes[layer + f"{norm}_layernorm.weight"] = (d,)
+        shapes[f"{prefix}norm.weight"] = (d,)
+        return shapes
+
+
+def random_tensors(config: TinyConfig, seed: int = 0, prefix: str = "model.") -> dict[str, np.ndarray]:
+    """Random float32 weights: projections ~ N(0, init_std), norms and scalars near 1."""
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for name, shape in config.tensor_shapes(prefix).items():
+        if name.endswith("layer_scalar"):
+            value = rng.uniform(0.5, 1.5, shape)
+        elif len(shape) == 1:
+            value = 1.0 + 0.1 * rng.standard_normal(shape)
+        else:
+            value = config.init_std * rng.standard_normal(shape)
+        tensors[name] = value.astype(np.float32)
+    return tensors
+
+
+def write_safetensors(tensors: dict[str, np.ndarray], out: Path, shards: int, dtype: str = "float32") -> None:
+    """Write HF-style shards (model-0000i-of-0000N + index) or a single model.safetensors."""
+    from safetensors.numpy import save_file
+
+    cast = _numpy_dtype(dtype)
+    names = list(tensors)
+    if shards <= 1:
+        save_file({n: tensors[n].astype(cast) for n in names}, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    groups = [names[i::shards] for i in range(shards)]  # interleaved: a layer spans several files
+    weight_map, total = {}, 0
+    for i, group in enumerate(groups, start=1):
+        fname = f"model-{i:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n].astype(cast) for n in group}
+        save_file(part, str(out / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in group})
+        total += sum(t.nbytes for t in part.values())
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def _numpy_dtype(dtype: str):
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return {"float32": np.float32, "float16": np.float16}[dtype]
+
+
+# ---------------------------------------------------------------------------- data
+
+
+COUNTRIES = {
+    "France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Spain": "Madrid",
+    "Egypt": "Cairo", "Peru": "Lima", "Kenya": "Nairobi", "Canada": "Ottawa",
+}  # fmt: skip
+QUESTIONS = [
+    "What is the capital of {c}?",
+    "Name the capital city of {c}.",
+    "Which city is the capital of {c}?",
+    "Tell me the capital of {c}.",
+]
+
+
+def examples(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """(question, answer) pairs with a pattern a tiny model learns in a few dozen steps."""
+    rng = random.Random(seed)
+    pairs = [(q.format(c=c), f"The capital of {c} is {city}.") for c, city in COUNTRIES.items() for q in QUESTIONS]
+    rng.shuffle(pairs)
+    return [pairs[i % len(pairs)] for i in range(n)]
+
+
+def write_dataset(path: str | Path, fmt: str = "chat", n: int = 64, seed: int = 0) -> Path:
+    """A JSONL dataset in one of the three formats the training workload reads."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for question, answer in examples(n, seed):
+            if fmt == "chat":
+                row = {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
+            elif fmt == "prompt-completion":
+                row = {"prompt": f"Q: {question}\nA:", "completion": f" {answer}"}
+            elif fmt == "text":
+                row = {"text": f"Q: {question}\nA: {answer}"}
+            else:
+                raise ValueError(f"unknown dataset format {fmt!r}")
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------- tokenizer
+
+
+def build_tokenizer(vocab_size: int, seed: int = 0):
+    """A byte-level BPE tokenizer trained on the tiny corpus (any text still tokenizes)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = [f"{q}\n{a}\nQ: {q}\nA: {a}\nuser\nmodel\n" for q, a in examples(256, seed)]
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    return tokenizer
+
+
+def write_tokenizer(out: Path, vocab_size: int) -> None:
+    tokenizer = build_tokenizer(vocab_size)
+    assert tokenizer.get_vocab_size() <= vocab_size, "tokenizer larger than the embedding"
+    tokenizer.save(str(out / "tokenizer.json"))
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<bos>",
+                "eos_token": "<eos>",
+                "pad_token": "<pad>",
+                "unk_token": "<unk>",
+                "add_bos_token": False,
+                "add_eos_token": False,
+                "model_max_length": 4096,
+                "extra_special_tokens": ["<|turn>", "<turn|>"],
+            },
+            indent=2,
+        )
+    )
+
+
+# ---------------------------------------------------------------------------- checkpoint
+
+
+@dataclass
+class TinyCheckpoint:
+    """What `write_checkpoint` made."""
+
+    path: Path
+    config: TinyConfig
+    shards: int
+    files: list[str] = field(default_factory=list)
+
+
+def write_checkpoint(
+    out: str | Path,
+    config: TinyConfig = TinyConfig(),
+    *,
+    shards: int = 2,
+    dtype: str = "float32",
+    seed: int = 0,
+    prefix: str = "model.",
+) -> TinyCheckpoint:
+    """Write a complete HF model directory. `prefix="model.language_model."` gives the key layout
+    of the released (multimodal) checkpoints; the default is the text-only layout."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_safetensors(random_tensors(config, seed, prefix), out, shards, dtype)
+    (out / "config.json").write_text(json.dumps(config.hf_config(dtype), indent=2))
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": BOS_ID, "eos_token_id": [EOS_ID, TURN_END_ID], "pad_token_id": PAD_ID}, indent=2)
+    )
+    write_tokenizer(out, config.vocab_size)
+    return TinyCheckpoint(out, config, shards, sorted(p.name for p in out.iterdir()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Write a tiny random Gemma 4 checkpoint and dataset.")
+    parser.add_argument("out", help="model directory to create")
+    parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dataset", help="also write a JSONL dataset here")
+    parser.add_argument("--format", default="chat", choices=["chat", "prompt-completion", "text"])
+    parser.add_argument("--examples", type=int, default=64)
+    args = parser.parse_args(argv)
+    ckpt = write_checkpoint(args.out, shards=args.shards, dtype=args.dtype, seed=args.seed)
+    print(json.dumps({"model": str(ckpt.path), "files": ckpt.files, "config": asdict(ckpt.config)}))
+    if args.dataset:
+        print(json.dumps({"dataset": str(write_dataset(args.dataset, args.format, args.examples, args.seed))}))
+
+
+if __name__ == "__main__":
+    main()
