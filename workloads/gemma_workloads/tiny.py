@@ -49,7 +49,7 @@ class TinyConfig:
     max_position_embeddings: int = 4096
     final_logit_softcapping: float = 30.0
     attention_k_eq_v: bool = True
-    init_std: float = 0.05
+    init_std: float = 0.02  # transformers' initializer_range
 
     def hf_config(self, dtype: str = "float32") -> dict:
         """config.json of the text-only model (Gemma4ForCausalLM)."""
