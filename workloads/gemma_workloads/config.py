@@ -137,6 +137,26 @@ class TrainConfig(_Config):
         return self.batch_size // self.micro_batch_size
 
 
+LORA_METADATA = "lora.json"
+
+
+class LoraMetadata(BaseModel):
+    """`<checkpoint_dir>/lora.json`, written by training before its first checkpoint: how the
+    adapter was made, so a merge needs nothing but the checkpoint directory.
+
+    Checkpoint layout (Orbax, one folder per step under `checkpoint_dir`): `model_params` holds
+    only the LoRA parameters, the pure dict of `nnx.state(model, nnx.LoRAParam)`, e.g.
+    `layers/<i>/attn/q_einsum/{w_lora_a,w_lora_b}` and `layers/<i>/mlp/up_proj/{kernel_lora_a,
+    kernel_lora_b}`; `optimizer_state` the optimizer's state.
+    """
+
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    base_model_path: str
+    model_dtype: str
+
+
 class MergeConfig(_Config):
     """Everything the merge pod needs; paths may be local or gs://."""
 
