@@ -31,6 +31,15 @@ ALL_LORA_TARGETS: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_pro
 _DNS_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 _SIZE = r"^[0-9]+(\.[0-9]+)?(B|KB|MB|GB|TB|Ki|Mi|Gi|Ti)?$"
 _URI = r"^(gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9](/.*)?|/.+)$"
+_HF_REPO = r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+$"
+_TOPOLOGY = r"^[0-9]+(x[0-9]+){1,2}$"
+PATTERN_HINTS = {
+    _DNS_NAME: "is not a valid Kubernetes name (lowercase letters, digits, '-' and '.')",
+    _SIZE: "is not a size such as 5GB or 4Gi",
+    _URI: "is neither a gs://bucket/path URI (bucket: 3-63 of a-z, 0-9, -, _ and .) nor an absolute path",
+    _HF_REPO: "is not a Hugging Face repo id such as google/gemma-4-31B-it",
+    _TOPOLOGY: "is not a topology such as 2x2x1 or 2x4",
+}
 
 
 class Model(BaseModel):
@@ -58,7 +67,7 @@ class TPU(Model):
     topology: Annotated[
         str | None,
         Field(
-            pattern=r"^[0-9]+(x[0-9]+){1,2}$",
+            pattern=_TOPOLOGY,
             description="Slice topology, e.g. 2x2x1 (v5p-8) or 2x4 (v6e-8). Default: the "
             "generation's smallest single-host slice (v5p 2x2x1, v6e 2x4).",
         ),
@@ -72,6 +81,12 @@ class TPU(Model):
         str | None,
         Field(pattern=_DNS_NAME, max_length=63, description="Pin the pods to this GKE node pool."),
     ] = None
+
+
+class ServeTPU(TPU):
+    """The serving slice: TPU v6e unless said otherwise."""
+
+    accelerator: Annotated[Accelerator, Field(description="TPU generation (v5p, v6e) or cpu.")] = "v6e"
 
 
 class Storage(Model):
@@ -112,7 +127,7 @@ class ModelSource(Model):
     hf_repo: Annotated[
         str | None,
         Field(
-            pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+$",
+            pattern=_HF_REPO,
             description="Hugging Face repository id, e.g. google/gemma-4-31B-it.",
         ),
     ] = None
@@ -319,7 +334,7 @@ class ServeModel(Model):
 
     fine_tune_ref: FineTuneRef | None = None
     uri: Annotated[str | None, Field(pattern=_URI)] = None
-    hf_repo: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+$")] = None
+    hf_repo: Annotated[str | None, Field(pattern=_HF_REPO)] = None
     hf_token_secret_ref: SecretKeyRef | None = None
     preset: Preset | None = None
     served_name: Annotated[
@@ -372,7 +387,7 @@ class GemmaServeSpec(Model):
     """GemmaServe: an OpenAI-compatible vLLM service of a Gemma 4 model on TPU."""
 
     model: ServeModel
-    tpu: TPU = Field(default_factory=lambda: TPU(accelerator="v6e"))
+    tpu: ServeTPU = Field(default_factory=ServeTPU)
     replicas: Annotated[int, Field(ge=0, le=1000)] = 1
     vllm: VLLM = Field(default_factory=VLLM)
     compilation_cache: CompilationCache | None = None

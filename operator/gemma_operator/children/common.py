@@ -1,0 +1,105 @@
+"""What every child object shares: names, labels, owner references, volumes."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from gemma_operator import api
+from gemma_operator.plan import CONFIG_DIR
+
+MANAGED_BY = "gemma-tpu-operator"
+PREFIX = api.GROUP  # label/annotation prefix, e.g. gemma-tpu.dev/finetune
+FINETUNE_LABEL = f"{PREFIX}/finetune"
+SERVE_LABEL = f"{PREFIX}/serve"
+RUN_LABEL = f"{PREFIX}/run"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+MAX_NAME = 63  # Job names become pod label values
+
+
+def child_name(parent: str, *suffix: str, limit: int = MAX_NAME) -> str:
+    """`<parent>-<suffix>`, shortened with a hash when it would exceed the limit."""
+    name = "-".join((parent, *suffix))
+    if len(name) <= limit:
+        return name
+    tail = "-" + "-".join(suffix) if suffix else ""
+    h = hashlib.sha256(name.encode()).hexdigest()[:6]
+    keep = limit - len(tail) - len(h) - 1
+    return f"{parent[:keep].rstrip('-.')}-{h}{tail}"
+
+
+def label_value(value: str) -> str:
+    return value if len(value) <= MAX_NAME else child_name(value[:40], limit=MAX_NAME)
+
+
+def labels(kind: api.Kind, parent: str, component: str, run: str | None = None) -> dict[str, str]:
+    out = {
+        "app.kubernetes.io/name": "gemma",
+        "app.kubernetes.io/instance": label_value(parent),
+        COMPONENT_LABEL: component,
+        "app.kubernetes.io/part-of": "gemma-tpu",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        (FINETUNE_LABEL if kind is api.FINETUNE else SERVE_LABEL): label_value(parent),
+    }
+    if run:
+        out[RUN_LABEL] = run
+    return out
+
+
+def owner_reference(kind: api.Kind, name: str, uid: str) -> dict[str, Any]:
+    """Children are garbage-collected with their CR; artifacts are not Kubernetes objects."""
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": kind.kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def metadata(name: str, namespace: str, labels_: dict[str, str], owner: dict[str, Any] | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels_)}
+    if owner:
+        meta["ownerReferences"] = [owner]
+    return meta
+
+
+def config_map(name: str, namespace: str, labels_: dict[str, str], owner: dict | None, data: dict[str, str]) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(name, namespace, labels_, owner), "data": data}
+
+
+def config_volume(config_map_name: str) -> tuple[dict, dict]:
+    """The workload config, mounted read-only where the pod's command reads it."""
+    volume = {"name": "config", "configMap": {"name": config_map_name}}
+    mount = {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}
+    return volume, mount
+
+
+def shm_volume() -> tuple[dict, dict]:
+    """JAX and vLLM use /dev/shm; the container default (64 MiB) is too small."""
+    return {"name": "dshm", "emptyDir": {"medium": "Memory"}}, {"name": "dshm", "mountPath": "/dev/shm"}
+
+
+def storage_volume(storage: api.Storage | None) -> tuple[list[dict], list[dict]]:
+    if storage is None:
+        return [], []
+    volume = {"name": "storage", "persistentVolumeClaim": {"claimName": storage.persistent_volume_claim}}
+    return [volume], [{"name": "storage", "mountPath": storage.mount_path}]
+
+
+def secret_env(name: str, ref: api.SecretKeyRef) -> dict[str, Any]:
+    """An env var read from a Secret: the value never appears in the CR, args or status."""
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+
+
+def env_list(values: dict[str, str]) -> list[dict[str, str]]:
+    return [{"name": k, "value": v} for k, v in sorted(values.items())]
+
+
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}

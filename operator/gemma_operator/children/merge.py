@@ -1,0 +1,81 @@
+"""The merge workload: a CPU Job that streams the base checkpoint and the LoRA checkpoint into
+merged Hugging Face safetensors. It needs no TPU, so it runs on the merge node pool; its memory
+is sized from the model (see plan._merge_memory_gib), not from the model's full size."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gemma_operator import api
+from gemma_operator.children import common
+from gemma_operator.plan import CONFIG_DIR, MERGE_CONFIG_FILE, FineTunePlan
+from gemma_operator.settings import OperatorSettings
+from gemma_workloads.config import EXIT_INVALID_INPUT
+
+CONTAINER = "merge"
+
+
+def name(plan: FineTunePlan) -> str:
+    return common.child_name(plan.name, "merge", plan.merge_id)
+
+
+def _labels(plan: FineTunePlan) -> dict[str, str]:
+    return common.labels(api.FINETUNE, plan.name, "merge", plan.run)
+
+
+def config_map(plan: FineTunePlan, owner: dict | None, checkpoint_step: int | None = None) -> dict[str, Any]:
+    """The MergeConfig, pinned to the step training reported when it is known."""
+    config = plan.merge.model_copy(update={"step": checkpoint_step}) if checkpoint_step is not None else plan.merge
+    return common.config_map(name(plan), plan.namespace, _labels(plan), owner, {MERGE_CONFIG_FILE: config.dumps()})
+
+
+def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> dict[str, Any]:
+    job_name = name(plan)
+    cfg_volume, cfg_mount = common.config_volume(job_name)
+    store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
+    memory = f"{plan.merge_memory_gib}Gi"
+    env = []
+    if plan.spec.model.hf_token_secret_ref:
+        env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
+    container = {
+        "name": CONTAINER,
+        "image": plan.merge_image,
+        "command": ["python", "-m", "gemma_workloads.merge", "--config", f"{CONFIG_DIR}/{MERGE_CONFIG_FILE}"],
+        "env": env,
+        "resources": {
+            "requests": {"cpu": str(plan.merge.workers), "memory": memory},
+            "limits": {"memory": memory},
+        },
+        "volumeMounts": [cfg_mount, *store_mounts],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": dict(common.RESTRICTED_CONTAINER),
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [container],
+        "volumes": [cfg_volume, *store_volumes],
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+    }
+    if settings.merge_node_selector:
+        pod_spec["nodeSelector"] = dict(settings.merge_node_selector)
+    if plan.service_account:
+        pod_spec["serviceAccountName"] = plan.service_account
+    meta = common.metadata(job_name, plan.namespace, _labels(plan), owner)
+    if plan.queue:
+        meta["labels"][common.QUEUE_LABEL] = plan.queue
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            # The merge resumes where it stopped, so a retry is cheap; bad input is not retried.
+            "backoffLimit": 2,
+            "podFailurePolicy": {
+                "rules": [
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                    {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_INVALID_INPUT]}},
+                ]
+            },  # fmt: skip
+            "template": {"metadata": {"labels": _labels(plan)}, "spec": pod_spec},
+        },
+    }

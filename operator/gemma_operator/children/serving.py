@@ -1,0 +1,167 @@
+"""The serving workload: a vLLM Deployment (TPU v6e, or vLLM's CPU build) and its Service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gemma_operator import api, tpu
+from gemma_operator.children import common
+from gemma_operator.models import PRESETS
+from gemma_operator.plan import ServePlan
+from gemma_operator.settings import OperatorSettings
+
+CONTAINER = "vllm"
+PORT = 8000
+MODEL_MOUNT = "/models/model"
+XLA_CACHE_MOUNT = "/xla-cache"
+REVISION_ANNOTATION = f"{common.PREFIX}/revision"
+MODEL_ANNOTATION = f"{common.PREFIX}/model-uri"
+GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+
+
+def name(plan: ServePlan) -> str:
+    return common.child_name(plan.name, "vllm")
+
+
+def _labels(plan: ServePlan) -> dict[str, str]:
+    return common.labels(api.SERVE, plan.name, "serving")
+
+
+def selector(plan: ServePlan) -> dict[str, str]:
+    keep = ("app.kubernetes.io/instance", common.COMPONENT_LABEL, common.SERVE_LABEL)
+    return {k: v for k, v in _labels(plan).items() if k in keep}
+
+
+def startup_budget_seconds(plan: ServePlan) -> int:
+    """Loading plus XLA compilation grows with the model: 5 minutes plus 20 s per billion
+    parameters (15 minutes for 31B; the seed paper saw ~10 on first start), 30 when unknown."""
+    if plan.placement.slice is None:
+        return 600
+    shape = PRESETS.get(plan.preset or "")
+    if shape is None:
+        return 1800
+    return max(600, int(300 + 20 * shape.params / 1e9))
+
+
+def _split_gcs(uri: str) -> tuple[str, str]:
+    bucket, _, path = uri.removeprefix("gs://").partition("/")
+    return bucket, path.strip("/")
+
+
+def _model_delivery(plan: ServePlan) -> tuple[str, list[dict], list[dict], dict[str, str]]:
+    """(--model value, volumes, mounts, pod annotations) for where the model lives."""
+    uri = plan.model_uri or ""
+    if uri.startswith("hf://"):
+        return uri.removeprefix("hf://"), [], [], {}
+    if uri.startswith("gs://"):
+        bucket, path = _split_gcs(uri)
+        options = ["implicit-dirs"] + ([f"only-dir={path}"] if path else [])
+        volume = {
+            "name": "model",
+            "csi": {
+                "driver": GCSFUSE_DRIVER,
+                "readOnly": True,
+                "volumeAttributes": {"bucketName": bucket, "mountOptions": ",".join(options)},
+            },
+        }
+        annotations = {"gke-gcsfuse/volumes": "true"}
+        return MODEL_MOUNT, [volume], [{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}], annotations
+    return uri, [], [], {}
+
+
+def _vllm_args(plan: ServePlan, model: str) -> list[str]:
+    v = plan.spec.vllm
+    args = [
+        f"--model={model}",
+        f"--served-model-name={plan.served_name}",
+        "--host=0.0.0.0",
+        f"--port={PORT}",
+        f"--max-model-len={v.max_model_len}",
+        f"--max-num-seqs={v.max_num_seqs}",
+    ]
+    if v.max_num_batched_tokens:
+        args.append(f"--max-num-batched-tokens={v.max_num_batched_tokens}")
+    if plan.placement.slice is not None:
+        args += [
+            f"--tensor-parallel-size={plan.tensor_parallel}",
+            f"--gpu-memory-utilization={v.gpu_memory_utilization}",
+            "--disable-chunked-mm-input",  # Gemma 4's 256/512-wide heads break chunked prefill
+        ]
+    return args + list(v.extra_args)
+
+
+def deployment(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict[str, Any]:
+    model_arg, volumes, mounts, annotations = _model_delivery(plan)
+    shm, shm_mount = common.shm_volume()
+    store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
+    env: list[dict] = []
+    if plan.spec.vllm.api_key_secret_ref:
+        env.append(common.secret_env("VLLM_API_KEY", plan.spec.vllm.api_key_secret_ref))
+    if plan.spec.model.hf_token_secret_ref:
+        env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
+    r = settings.resources
+    if plan.placement.slice is None:
+        resources = {"requests": {"cpu": r.cpu_profile_cpu, "memory": r.cpu_profile_memory},
+                     "limits": {"memory": r.cpu_profile_memory}}  # fmt: skip
+    else:
+        chips = str(plan.placement.chips_per_host)
+        resources = {"requests": {"cpu": r.serving_cpu, "memory": r.serving_memory, tpu.TPU_RESOURCE: chips},
+                     "limits": {"memory": r.serving_memory, tpu.TPU_RESOURCE: chips}}  # fmt: skip
+    budget = startup_budget_seconds(plan)
+    container = {
+        "name": CONTAINER,
+        "image": plan.image,
+        "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+        "args": _vllm_args(plan, model_arg),
+        "env": env,
+        "ports": [{"containerPort": PORT, "name": "http"}],
+        "resources": resources,
+        "volumeMounts": [*mounts, shm_mount, *store_mounts],
+        # /health answers before the model is loaded; /v1/models only once it is served.
+        "startupProbe": {"httpGet": {"path": "/v1/models", "port": PORT}, "periodSeconds": 10,
+                         "failureThreshold": budget // 10},
+        "readinessProbe": {"httpGet": {"path": "/v1/models", "port": PORT}, "periodSeconds": 10, "failureThreshold": 3},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 30, "failureThreshold": 5},
+        "securityContext": dict(common.RESTRICTED_CONTAINER),
+    }  # fmt: skip
+    pod_spec: dict[str, Any] = {"containers": [container], "volumes": [*volumes, shm, *store_volumes]}
+    if plan.placement.node_selector:
+        pod_spec["nodeSelector"] = dict(plan.placement.node_selector)
+    if plan.placement.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in plan.placement.tolerations]
+    if plan.service_account:
+        pod_spec["serviceAccountName"] = plan.service_account
+    pod_labels = _labels(plan)
+    if plan.queue:
+        pod_labels[common.QUEUE_LABEL] = plan.queue
+    pod_annotations = {**annotations, REVISION_ANNOTATION: plan.revision, MODEL_ANNOTATION: plan.model_uri or ""}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": common.metadata(name(plan), plan.namespace, _labels(plan), owner),
+        "spec": {
+            "replicas": plan.spec.replicas,
+            "selector": {"matchLabels": selector(plan)},
+            # TPUs are scarce: replace pods in place rather than surge onto capacity that is not there.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "progressDeadlineSeconds": budget + 600,
+            "template": {"metadata": {"labels": pod_labels, "annotations": pod_annotations}, "spec": pod_spec},
+        },
+    }
+
+
+def service(plan: ServePlan, owner: dict | None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": common.metadata(name(plan), plan.namespace, _labels(plan), owner),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector(plan),
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def endpoint(plan: ServePlan) -> str:
+    return f"http://{name(plan)}.{plan.namespace}.svc:{PORT}/v1"

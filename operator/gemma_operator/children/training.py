@@ -1,0 +1,134 @@
+"""The training workload: a Job on a single-host slice (v5p-8), a JobSet on multi-host slices.
+
+The pod runs `python -m gemma_workloads.train --config /etc/gemma-tpu/train.json`, requesting
+every chip of its TPU VM. Multi-host slices need the GKE TPU webhook to inject TPU_WORKER_ID and
+TPU_WORKER_HOSTNAMES, which it does for Indexed Jobs with a headless-Service subdomain: JobSet
+provides both, plus one child Job per node pool (exclusive topology) and gang restarts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gemma_operator import api, failure_policy, tpu
+from gemma_operator.children import common
+from gemma_operator.plan import CONFIG_DIR, TRAIN_CONFIG_FILE, FineTunePlan
+from gemma_operator.settings import OperatorSettings
+
+CONTAINER = "trainer"
+JAX_COORDINATOR_PORT = 8471
+EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+
+
+def names(plan: FineTunePlan, attempt: int = 1) -> tuple[str, str]:
+    """(workload name, ConfigMap name). A retry after the Job vanished is a new attempt."""
+    suffix = ("train", plan.run) if attempt <= 1 else ("train", plan.run, str(attempt))
+    name = common.child_name(plan.name, *suffix)
+    return name, name
+
+
+def config_map(plan: FineTunePlan, owner: dict | None, attempt: int = 1) -> dict[str, Any]:
+    _, cm_name = names(plan, attempt)
+    return common.config_map(
+        cm_name, plan.namespace, _labels(plan), owner, {TRAIN_CONFIG_FILE: plan.train.dumps()}
+    )
+
+
+def _labels(plan: FineTunePlan) -> dict[str, str]:
+    return common.labels(api.FINETUNE, plan.name, "training", plan.run)
+
+
+def _resources(plan: FineTunePlan, settings: OperatorSettings) -> dict[str, Any]:
+    r = settings.resources
+    if plan.placement.slice is None:
+        amounts = {"cpu": r.cpu_profile_cpu, "memory": r.cpu_profile_memory}
+        return {"requests": amounts, "limits": {"memory": r.cpu_profile_memory}}
+    chips = str(plan.placement.chips_per_host)
+    return {
+        "requests": {"cpu": r.training_cpu, "memory": r.training_memory, tpu.TPU_RESOURCE: chips},
+        "limits": {"memory": r.training_memory, tpu.TPU_RESOURCE: chips},
+    }
+
+
+def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name: str) -> dict[str, Any]:
+    cfg_volume, cfg_mount = common.config_volume(config_map_name)
+    shm, shm_mount = common.shm_volume()
+    store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
+    env = common.env_list(settings.training_env)
+    if plan.spec.model.hf_token_secret_ref:
+        env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": plan.image,
+        "command": ["python", "-m", "gemma_workloads.train", "--config", f"{CONFIG_DIR}/{TRAIN_CONFIG_FILE}"],
+        "env": env,
+        "resources": _resources(plan, settings),
+        "volumeMounts": [cfg_mount, shm_mount, *store_mounts],
+        # A crash without a result still tells the operator why, from the log's tail.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    if plan.multi_host:
+        container["ports"] = [{"containerPort": JAX_COORDINATOR_PORT, "name": "jax"}]
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": settings.termination_grace_seconds,
+        "containers": [container],
+        "volumes": [cfg_volume, shm, *store_volumes],
+    }
+    if plan.placement.node_selector:
+        spec["nodeSelector"] = dict(plan.placement.node_selector)
+    if plan.placement.tolerations:
+        spec["tolerations"] = [dict(t) for t in plan.placement.tolerations]
+    if plan.service_account:
+        spec["serviceAccountName"] = plan.service_account
+    return {"metadata": {"labels": _labels(plan)}, "spec": spec}
+
+
+def workload(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None, attempt: int = 1) -> dict[str, Any]:
+    """The Job (single host) or JobSet (multi-host) that trains."""
+    name, cm_name = names(plan, attempt)
+    meta = common.metadata(name, plan.namespace, _labels(plan), owner)
+    if plan.queue:
+        meta["labels"][common.QUEUE_LABEL] = plan.queue
+    template = pod_template(plan, settings, cm_name)
+    if not plan.multi_host:
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": meta,
+            "spec": {
+                "backoffLimit": plan.spec.backoff_limit,
+                "podFailurePolicy": failure_policy.job_pod_failure_policy(CONTAINER),
+                "suspend": plan.spec.suspend,
+                "template": template,
+            },
+        }
+    hosts = plan.placement.hosts
+    meta["annotations"] = {EXCLUSIVE_TOPOLOGY: tpu.NODE_POOL_LABEL}
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": meta,
+        "spec": {
+            "suspend": plan.spec.suspend,
+            "failurePolicy": failure_policy.jobset_failure_policy(plan.spec.backoff_limit),
+            "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+            "replicatedJobs": [
+                {
+                    "name": "slice",
+                    "replicas": 1,
+                    "template": {
+                        "spec": {
+                            "parallelism": hosts,
+                            "completions": hosts,
+                            "completionMode": "Indexed",
+                            "backoffLimit": 0,
+                            "podFailurePolicy": failure_policy.jobset_job_pod_failure_policy(CONTAINER),
+                            "template": template,
+                        }
+                    },
+                }
+            ],
+        },
+    }

@@ -1,0 +1,135 @@
+"""Spec -> plan: derived values, and a table of bad specs with their exact messages."""
+
+import pytest
+
+from gemma_operator import fit
+from gemma_operator.models import PRESETS, infer_preset
+from gemma_operator.plan import SpecError, default_mesh, plan_finetune, plan_serve
+from gemma_operator.settings import OperatorSettings
+from tests.support.builders import finetune, serve
+
+SETTINGS = OperatorSettings()
+
+
+def plan(b):
+    return plan_finetune(b.name, "ns", b.spec, SETTINGS, b.obj()["metadata"].get("labels"))
+
+
+def test_paper_recipe_on_v5p8():
+    p = plan(finetune("paper").tpu("v5p", "2x2x1").lora(rank=64, alpha=64, dropout=0.05)
+             .training(steps=1244, batchSize=8, microBatchSize=1).set("dataset.maxSeqLen", 3072))  # fmt: skip
+    assert (p.placement.hosts, p.placement.chips_per_host, p.multi_host) == (1, 4, False)
+    assert (p.mesh.fsdp, p.mesh.tp, p.micro_batch, p.train.grad_accumulation) == (1, 4, 1, 8)
+    assert p.memory.fits and 15 * fit.GIB < p.memory.total < 30 * fit.GIB
+    # The paper: 3.34 h and $56.11 for this run; the estimate is calibrated on it.
+    assert 3.0 < p.estimate.hours < 3.8 and 50 < p.estimate.cost < 65
+    assert p.train.model_path == "gs://models/gemma-4-31B-it"
+    assert p.train.output_dir == f"gs://out/paper/runs/{p.run}"
+    assert p.merge.checkpoint_dir == f"gs://out/paper/runs/{p.run}/checkpoints"
+    assert p.merge.base_model_path == p.train.model_path
+
+
+@pytest.mark.parametrize("devices,expected", [(1, (1, 1)), (4, (1, 4)), (8, (2, 4)), (16, (4, 4)), (64, (16, 4))])
+def test_default_mesh_follows_the_paper(devices, expected):
+    m = default_mesh(devices, PRESETS["gemma4-31b"])
+    assert (m.fsdp, m.tp) == expected
+
+
+def test_default_mesh_respects_kv_heads():
+    assert default_mesh(4, PRESETS["gemma4-e2b"]).tp == 1  # a single KV head cannot be split
+    assert default_mesh(8, PRESETS["gemma4-e4b"]).tp == 2
+
+
+def test_run_id_follows_training_inputs_only():
+    a = plan(finetune("r").tpu("v5p"))
+    assert plan(finetune("r").tpu("v5p").set("suspend", True)).run == a.run
+    assert plan(finetune("r").tpu("v5p").set("backoffLimit", 9)).run == a.run
+    assert plan(finetune("r").tpu("v5p").training(learningRate=2e-4)).run != a.run
+    assert plan(finetune("r").tpu("v5p").set("merge.dtype", "float32")).merge_id != a.merge_id
+
+
+def test_preset_inferred_from_hf_repo_and_hf_uri():
+    assert infer_preset("google/gemma-4-31B-it") == "gemma4-31b"
+    assert infer_preset("google/gemma-4-E4B-it") == "gemma4-e4b"
+    assert infer_preset("someone/llama") is None
+    p = plan(finetune("h").set("model", {"hfRepo": "google/gemma-4-31B-it", "hfTokenSecretRef": {"name": "hf"}}).tpu("v5p"))
+    assert p.preset == "gemma4-31b" and p.train.model_path == "hf://google/gemma-4-31B-it"
+
+
+def test_kueue_queue_from_label_or_settings():
+    assert plan(finetune("q").tpu("v5p").label("kueue.x-k8s.io/queue-name", "lq")).queue == "lq"
+    s = OperatorSettings(kueue_queue="default-lq")
+    assert plan_finetune("q", "ns", finetune("q").tpu("v5p").spec, s).queue == "default-lq"
+
+
+BAD_SPECS = [
+    (finetune("b").lora(rank=0), "spec.lora.rank: Input should be greater than or equal to 1"),
+    (finetune("b").lora(targetModules=["q_proj", "k_proj"]),
+     "spec.lora.targetModules: k_proj and v_proj share one fused projection (kv_einsum) on sliding layers: list both or neither"),
+    (finetune("b").lora(targetModules=["qkv_proj"]),
+     "spec.lora.targetModules.0: Input should be 'q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj' or 'down_proj'"),
+    (finetune("b").tpu("v7x"), "spec.tpu.accelerator: Input should be 'v5p', 'v6e' or 'cpu'"),
+    (finetune("b").tpu("v5p", "2x2"), "spec.tpu.topology: v5p has no topology '2x2'; allowed: 2x2x1, 2x2x2, 2x2x4, 2x4x4, "
+     "4x4x4, 4x4x8, 4x8x8, 8x8x8, 8x8x16, 8x16x16, 16x16x16, 16x16x24"),
+    (finetune("b").tpu("cpu", "2x2x1"), "spec.tpu.topology: not used with accelerator cpu"),
+    (finetune("b").training(epochs=2), "spec.training: Value error, set steps or epochs, not both".replace("Value error, ", "")),
+    (finetune("b").tpu("v5p").training(mesh={"fsdp": 2, "tp": 4}),
+     "spec.training.mesh: fsdp 2 x tp 4 = 8 devices, but v5p-8 (2x2x1) has 4"),
+    (finetune("b").tpu("v5p", "2x2x2").training(mesh={"fsdp": 1, "tp": 8}),
+     "spec.training.mesh.tp: 8 does not divide gemma4-31b's attention heads (32), KV heads (16) and global KV heads (4)"),
+    (finetune("b").tpu("v5p", "2x2x2").training(microBatchSize=1),
+     "spec.training.microBatchSize: 1 must be a multiple of the mesh's fsdp size 2 (each data-parallel shard takes whole sequences)"),
+    (finetune("b").training(batchSize=6, microBatchSize=4), "spec.training.microBatchSize: 4 does not divide batchSize 6"),
+    (finetune("b").set("model", {"uri": "gs://models/x", "hfRepo": "google/gemma-4-31B-it"}), "spec.model: set exactly one of uri or hfRepo"),
+    (finetune("b").set("model.uri", "s3://bucket/m"), "spec.model.uri: 's3://bucket/m' is neither a gs://bucket/path URI (bucket: 3-63 of a-z, 0-9, -, _ and .) nor an absolute path"),
+    (finetune("b").set("output.uri", "/out"),
+     "spec.output.uri: /out is a local path; set spec.storage.persistentVolumeClaim so the pods can reach it, or use a gs:// URI"),
+    (finetune("b").set("output.uri", "/out").set("storage", {"persistentVolumeClaim": "pvc", "mountPath": "/data"}),
+     "spec.output.uri: /out is not under spec.storage.mountPath /data"),
+    (finetune("b").set("merge.shardSize", "5 gigs"), "spec.merge.shardSize: '5 gigs' is not a size such as 5GB or 4Gi"),
+    (finetune("b").set("serviceAccountName", "Bad_Name"),
+     "spec.serviceAccountName: 'Bad_Name' is not a valid Kubernetes name (lowercase letters, digits, '-' and '.')"),
+    (finetune("b").set("trainng", {}), "spec.trainng: unknown field"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("builder,message", BAD_SPECS, ids=[m.split(":")[0] for _, m in BAD_SPECS])
+def test_bad_specs_name_the_field_and_the_problem(builder, message):
+    with pytest.raises(SpecError) as e:
+        plan(builder)
+    assert message in e.value.problems, e.value.problems
+
+
+def test_hbm_refusal_carries_the_numbers():
+    with pytest.raises(SpecError) as e:
+        plan(finetune("b").tpu("v6e", "2x2").set("dataset.maxSeqLen", 8192))
+    [msg] = e.value.problems
+    assert msg.startswith("spec.tpu: gemma4-31b does not fit v6e-4 (2x2) for training: ")
+    assert "GiB per chip needed (weights 14.3, lora+adam" in msg and "vs 28.8 GiB available" in msg
+
+
+def test_remat_is_what_makes_long_sequences_fit():
+    fits = plan(finetune("r").tpu("v5p").set("dataset.maxSeqLen", 4096).training(microBatchSize=1))
+    assert fits.memory.fits
+    with pytest.raises(SpecError, match="enable training.gradientCheckpointing"):
+        plan(finetune("r").tpu("v5p").set("dataset.maxSeqLen", 4096).training(microBatchSize=1, gradientCheckpointing=False))
+
+
+def test_serving_plan():
+    p = plan_serve("s", "ns", serve("s").set("model", {"hfRepo": "google/gemma-4-31B-it"}).spec, SETTINGS)
+    assert p.placement.slice.name == "v6e-8" and p.tensor_parallel == 8 and p.served_name == "s"
+    assert p.memory.fits and p.model_uri == "hf://google/gemma-4-31B-it"
+    assert fit.concurrent_sequences(p.memory) > 64
+    with pytest.raises(SpecError, match=r"gemma4-31b does not fit v6e-1 \(1x1\) for serving"):
+        plan_serve("s", "ns", serve("s").set("model", {"hfRepo": "google/gemma-4-31B-it"}).tpu("v6e", "1x1").spec, SETTINGS)
+    with pytest.raises(SpecError, match="set exactly one of fineTuneRef, uri or hfRepo"):
+        plan_serve("s", "ns", {"model": {}}, SETTINGS)
+    with pytest.raises(SpecError, match="--api-key must come from a Secret"):
+        plan_serve("s", "ns", serve("s").set("vllm", {"extraArgs": ["--api-key=abc"]}).spec, SETTINGS)
+
+
+def test_fine_tune_ref_waits_for_the_output():
+    p = plan_serve("s", "ns", serve("s").fine_tune("ft").spec, SETTINGS)
+    assert p.model_uri is None
+    p2 = plan_serve("s", "ns", serve("s").fine_tune("ft").spec, SETTINGS, model_uri="gs://o/merged", fine_tune_preset="gemma4-31b")
+    assert p2.model_uri == "gs://o/merged" and p2.preset == "gemma4-31b" and p2.revision != p.revision

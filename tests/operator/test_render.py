@@ -1,0 +1,109 @@
+"""Every object of every example renders and is valid Kubernetes, checked offline."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gemma_operator import cli
+from gemma_operator.children import merge_objects, serving_objects, training_objects
+from gemma_operator.settings import OperatorSettings
+from tests.support.validation import validate_cr, validate_object
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE_FILES = sorted(EXAMPLES.rglob("*.yaml"))
+
+
+def all_plans():
+    docs = cli._load_crs([str(EXAMPLES), str(EXAMPLES / "quickstart")])
+    plans, problems = cli.plan_documents(docs, OperatorSettings())
+    assert not problems
+    return docs, plans
+
+
+def test_every_example_is_valid_against_the_crd_schema():
+    docs, _ = all_plans()
+    assert len(docs) == len(EXAMPLE_FILES) >= 5
+    for doc in docs:
+        validate_cr(doc)
+
+
+def test_every_child_of_every_example_is_valid_kubernetes():
+    _, plans = all_plans()
+    settings = OperatorSettings()
+    kinds = set()
+    for kind, plan in plans:
+        if kind == "GemmaFineTune":
+            objects = training_objects(plan, settings) + merge_objects(plan, settings)
+        else:
+            objects = serving_objects(plan, settings)
+        for obj in objects:
+            validate_object(obj)
+            kinds.add(obj["kind"])
+    assert kinds == {"ConfigMap", "Job", "JobSet", "Deployment", "Service"}
+
+
+def test_render_cli_prints_the_first_phase(capsys):
+    assert cli.main_exit(["render", "-f", str(EXAMPLES / "gemma4-31b-v5p8.yaml")]) == 0
+    objs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [o["kind"] for o in objs] == ["ConfigMap", "Job"]
+    assert cli.main_exit(["render", "-f", str(EXAMPLES / "gemma4-31b-v5p8.yaml"), "--phase", "merge"]) == 0
+    objs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [o["kind"] for o in objs] == ["ConfigMap", "Job"]
+    assert objs[1]["spec"]["template"]["spec"]["containers"][0]["command"][:3] == ["python", "-m", "gemma_workloads.merge"]
+
+
+def _write(tmp_path, spec):
+    path = tmp_path / "cr.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "gemma-tpu.dev/v1alpha1", "kind": "GemmaFineTune",
+                                    "metadata": {"name": "x"}, "spec": spec}))  # fmt: skip
+    return str(path)
+
+
+BASE = {"model": {"uri": "gs://bkt/m"}, "dataset": {"uri": "gs://bkt/d"}, "output": {"uri": "gs://bkt/o"}}
+
+
+@pytest.mark.parametrize("command", ["render", "plan"])
+def test_bad_input_exits_2_with_one_line_per_problem_and_nothing_on_stdout(tmp_path, capsys, command):
+    path = _write(tmp_path, {**BASE, "lora": {"rank": 0}, "trainng": {}})
+    assert cli.main_exit([command, "-f", path]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        "GemmaFineTune/x: spec.lora.rank: Input should be greater than or equal to 1",
+        "GemmaFineTune/x: spec.trainng: unknown field",
+    ]
+
+    path = _write(tmp_path, {**BASE, "model": {"uri": "/models/m"}, "tpu": {"topology": "9x9x9"}})
+    assert cli.main_exit([command, "-f", path]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.splitlines()) == 2
+    assert err.splitlines()[0].startswith("GemmaFineTune/x: spec.tpu.topology: v5p has no topology '9x9x9'; allowed: 2x2x1,")
+    assert "spec.model.uri: /models/m is a local path" in err.splitlines()[1]
+
+
+def test_unreadable_and_foreign_documents_are_refused(tmp_path, capsys):
+    assert cli.main_exit(["render", "-f", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml" in capsys.readouterr().err
+    path = tmp_path / "pod.yaml"
+    path.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n")
+    assert cli.main_exit(["render", "-f", str(path)]) == 2
+    assert "Pod: not a gemma-tpu.dev/v1alpha1 GemmaFineTune or GemmaServe" in capsys.readouterr().err
+
+
+def test_plan_refuses_what_cannot_fit(tmp_path, capsys):
+    spec = {**BASE, "model": {"hfRepo": "google/gemma-4-31B-it"}, "dataset": {"uri": "gs://bkt/d", "maxSeqLen": 8192},
+            "tpu": {"accelerator": "v6e", "topology": "2x2"}}  # fmt: skip
+    assert cli.main_exit(["plan", "-f", _write(tmp_path, spec)]) == 2
+    err = capsys.readouterr().err
+    assert "gemma4-31b does not fit v6e-4 (2x2) for training" in err and "GiB per chip needed" in err
+
+
+def test_plan_json_gives_the_derived_values(capsys):
+    assert cli.main_exit(["plan", "-o", "json", "-f", str(EXAMPLES / "gemma4-31b-v5p16-multihost.yaml")]) == 0
+    [p] = __import__("json").loads(capsys.readouterr().out)
+    assert p["slice"] == {"accelerator": "v5p", "name": "v5p-16", "topology": "2x2x2", "hosts": 2,
+                          "chipsPerHost": 4, "chips": 8, "machineType": "ct5p-hightpu-4t"}  # fmt: skip
+    assert p["workload"] == "JobSet" and p["mesh"] == {"fsdp": 2, "tp": 4} and p["gradientAccumulation"] == 4
+    assert p["hbmPerChip"]["fits"] and p["estimate"]["chipHours"] > 0
