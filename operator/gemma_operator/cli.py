@@ -116,13 +116,19 @@ def _fail(problems: list[str]) -> int:
     return EXIT_INVALID
 
 
-def cmd_render(args: argparse.Namespace) -> int:
+def _plan_files(args: argparse.Namespace) -> tuple[list[tuple[str, Any]], Any, list[str]]:
+    """(plans, settings, problems) for the files named on the command line."""
     try:
         docs = _load_crs(args.file)
     except (OSError, yaml.YAMLError) as e:
-        return _fail([f"{' '.join(args.file)}: {e}"])
+        return [], None, [f"{' '.join(args.file)}: {e}"]
     settings = load_settings(args.settings)
     plans, problems = plan_documents(docs, settings)
+    return plans, settings, problems
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    plans, settings, problems = _plan_files(args)
     if problems:
         return _fail(problems)
     objects: list[dict] = []
@@ -136,12 +142,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    try:
-        docs = _load_crs(args.file)
-    except (OSError, yaml.YAMLError) as e:
-        return _fail([f"{' '.join(args.file)}: {e}"])
-    settings = load_settings(args.settings)
-    plans, problems = plan_documents(docs, settings)
+    plans, _, problems = _plan_files(args)
     if problems:
         return _fail(problems)
     if args.output == "json":

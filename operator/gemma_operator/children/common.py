@@ -98,6 +98,17 @@ def env_list(values: dict[str, str]) -> list[dict[str, str]]:
     return [{"name": k, "value": v} for k, v in sorted(values.items())]
 
 
+def place(pod_spec: dict[str, Any], placement: Any, service_account: str | None) -> dict[str, Any]:
+    """Node selector, TPU toleration and ServiceAccount of a pod spec, from its plan."""
+    if placement.node_selector:
+        pod_spec["nodeSelector"] = dict(placement.node_selector)
+    if placement.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in placement.tolerations]
+    if service_account:
+        pod_spec["serviceAccountName"] = service_account
+    return pod_spec
+
+
 RESTRICTED_CONTAINER = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},

@@ -124,13 +124,9 @@ def deployment(plan: ServePlan, settings: OperatorSettings, owner: dict | None) 
         "livenessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 30, "failureThreshold": 5},
         "securityContext": dict(common.RESTRICTED_CONTAINER),
     }  # fmt: skip
-    pod_spec: dict[str, Any] = {"containers": [container], "volumes": [*volumes, shm, *store_volumes]}
-    if plan.placement.node_selector:
-        pod_spec["nodeSelector"] = dict(plan.placement.node_selector)
-    if plan.placement.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in plan.placement.tolerations]
-    if plan.service_account:
-        pod_spec["serviceAccountName"] = plan.service_account
+    pod_spec = common.place(
+        {"containers": [container], "volumes": [*volumes, shm, *store_volumes]}, plan.placement, plan.service_account
+    )
     pod_labels = _labels(plan)
     if plan.queue:
         pod_labels[common.QUEUE_LABEL] = plan.queue

@@ -76,12 +76,7 @@ def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name
         "containers": [container],
         "volumes": [cfg_volume, shm, *store_volumes],
     }
-    if plan.placement.node_selector:
-        spec["nodeSelector"] = dict(plan.placement.node_selector)
-    if plan.placement.tolerations:
-        spec["tolerations"] = [dict(t) for t in plan.placement.tolerations]
-    if plan.service_account:
-        spec["serviceAccountName"] = plan.service_account
+    common.place(spec, plan.placement, plan.service_account)
     return {"metadata": {"labels": _labels(plan)}, "spec": spec}
 
 
