@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install $(PIP_QUIET) --upgrade pip $(PIP_FILTER)
 	# torch: the CPU wheel first, so that nothing later pulls a CUDA build.
 	$(VENV)/bin/pip install $(PIP_QUIET) torch==2.13.0 $(PIP_FILTER)
-	$(VENV)/bin/pip install $(PIP_QUIET) -e '.[operator,workloads,test]' $(PIP_FILTER)
+	$(VENV)/bin/pip install $(PIP_QUIET) -e '.[operator,workloads,dev,test]' $(PIP_FILTER)
 	$(VENV)/bin/python -c "import gemma_operator, gemma_workloads, jax, kopf, torch"
 	touch $@
 

@@ -290,8 +290,9 @@ class Progress(Model):
 
 
 class FineTuneOutputs(Model):
-    checkpoint: str | None = None
-    merged: str | None = None
+    checkpoint: Annotated[str | None, Field(description="The final LoRA checkpoint (Orbax).")] = None
+    step: Annotated[int | None, Field(description="The training step of that checkpoint.")] = None
+    merged: Annotated[str | None, Field(description="The merged Hugging Face model directory.")] = None
 
 
 class FineTuneChildren(Model):
@@ -316,8 +317,9 @@ class GemmaFineTuneStatus(Model):
     outputs: FineTuneOutputs | None = None
     start_time: str | None = None
     completion_time: str | None = None
-    chip_hours: float | None = None
-    estimated_cost: float | None = None
+    chip_hours: Annotated[float | None, Field(description="TPU chip-hours used by this run.")] = None
+    estimated_cost: Annotated[float | None, Field(description="chipHours at the list price.")] = None
+    accounted_at: Annotated[str | None, Field(description="When chipHours was last brought up to date.")] = None
     restarts: int | None = None
     preemptions: int | None = None
 

@@ -1,0 +1,295 @@
+"""The GemmaFineTune lifecycle, as a pure function: what was observed -> what to do.
+
+Pending -> Training -> Merging -> Succeeded | Failed (and Suspended while spec.suspend). Every
+decision reads the CR's status and the children as they are now, so a restarted operator picks
+up where things stand. Terminal state, the run id and the retry budget live on the CR:
+a finished run never gets its children recreated, and a training workload that disappears
+mid-run is replaced as a new attempt only while the budget (spec.backoffLimit) allows.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from gemma_operator import failure_policy
+from gemma_operator.children import merge, merge_objects, training, training_objects
+from gemma_operator.plan import FineTunePlan
+from gemma_operator.settings import OperatorSettings
+from gemma_operator.status import condition, parse_time, set_condition, timestamp
+from gemma_workloads.config import MergeResult, Progress, TrainResult
+
+RUN_FIELDS = ("progress", "outputs", "startTime", "completionTime", "chipHours", "estimatedCost",
+              "restarts", "preemptions", "children", "accountedAt")  # fmt: skip
+RUN_CONDITIONS = ("TrainingComplete", "Merged", "Complete", "Failed", "Suspended")
+
+
+@dataclass
+class FineTuneView:
+    """Everything observed for one GemmaFineTune."""
+
+    name: str
+    namespace: str
+    generation: int
+    status: dict[str, Any]
+    plan: FineTunePlan | None
+    problems: list[str]
+    owner: dict[str, Any] | None
+    now: datetime.datetime
+    training: dict | None = None  # the current attempt's Job or JobSet
+    training_pods: list[dict] = field(default_factory=list)
+    merge: dict | None = None
+    merge_pods: list[dict] = field(default_factory=list)
+    progress: Progress | None = None
+    stale: list[dict] = field(default_factory=list)  # workloads of earlier runs
+
+
+@dataclass
+class Decision:
+    status: dict[str, Any]
+    create: list[dict] = field(default_factory=list)
+    patch: list[tuple[str, str, dict]] = field(default_factory=list)  # (kind, name, merge patch)
+    delete: list[dict] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+
+
+def decide(v: FineTuneView, settings: OperatorSettings) -> Decision:
+    st = copy.deepcopy(v.status or {})
+    d = Decision(st)
+    before = st.get("phase")
+    st["observedGeneration"] = v.generation
+    if v.problems:
+        message = "; ".join(v.problems)
+        _cond(v, st, "InvalidSpec", True, "InvalidSpec", message)
+        _fail(v, st, "InvalidSpec", f"invalid spec: {message}")
+    else:
+        _cond(v, st, "InvalidSpec", False, "Valid", "")
+        _advance(v, d, settings)
+    if st.get("phase") != before or not before:
+        kind = "Warning" if st["phase"] == "Failed" else "Normal"
+        d.events.append((kind, st["phase"], st.get("message") or st["phase"]))
+    return d
+
+
+def _advance(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
+    st, p = d.status, v.plan
+    st["model"], st["topology"] = p.model_label, p.placement.label
+    if st.get("run") != p.run:
+        if st.get("run"):
+            d.events.append(("Normal", "NewRun", f"the training inputs changed: run {p.run} replaces {st['run']}"))
+        for key in RUN_FIELDS:
+            st.pop(key, None)
+        st["conditions"] = [c for c in st.get("conditions", []) if c["type"] not in RUN_CONDITIONS]
+        st.update(run=p.run, attempt=1, phase="Pending")
+        d.delete += [w for w in v.stale if failure_policy.outcome(w).state in ("Pending", "Running", "Suspended")]
+    failed = condition(st.get("conditions"), "Failed")
+    if st.get("phase") == "Failed" and failed and failed.get("reason") == "InvalidSpec":
+        st["phase"] = "Pending"  # the spec was fixed: carry on where the run stood
+        st["conditions"] = [c for c in st["conditions"] if c["type"] != "Failed"]
+    phase = st.get("phase") or "Pending"
+    if phase in ("Pending", "Training", "Suspended"):
+        _training(v, d, settings)
+    elif phase == "Merging":
+        _merging(v, d, settings)
+    elif phase == "Succeeded" and p.spec.merge.enabled and (st.get("outputs") or {}).get("merged") != p.merged_dir:
+        _start_merge(v, d, settings, (st.get("outputs") or {}).get("step"))  # merge settings changed
+
+
+def _training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
+    st, p = d.status, v.plan
+    attempt = int(st.get("attempt") or 1)
+    name, _ = training.names(p, attempt)
+    wl = v.training
+    if wl is None:
+        created_before = (st.get("children") or {}).get("training") == name
+        if created_before and not p.spec.suspend:
+            restarts = int(st.get("restarts") or 0) + 1
+            if restarts > p.spec.backoff_limit:
+                _fail(v, st, "BackoffLimitExceeded",
+                      f"training workload {name} disappeared and the retry budget (backoffLimit {p.spec.backoff_limit}) is spent")  # fmt: skip
+                return
+            attempt += 1
+            st.update(attempt=attempt, restarts=restarts)
+            d.events.append(("Warning", "TrainingRecreated", f"{name} disappeared; attempt {attempt} resumes from the latest checkpoint"))
+            name, _ = training.names(p, attempt)
+        d.create += _training_objects(v, settings, attempt, int(st.get("restarts") or 0))
+        st.setdefault("children", {}).update(configMap=name, training=name)
+        st["phase"] = "Suspended" if p.spec.suspend else "Pending"
+        st["message"] = "suspended" if p.spec.suspend else f"created {name}"
+        _cond(v, st, "Suspended", p.spec.suspend, "Suspended" if p.spec.suspend else "Running", "")
+        return
+
+    outcome = failure_policy.outcome(wl)
+    if outcome.state in ("Pending", "Running", "Suspended") and bool(wl["spec"].get("suspend")) != p.spec.suspend:
+        d.patch.append((wl["kind"], wl["metadata"]["name"], {"spec": {"suspend": p.spec.suspend}}))
+    budget_left = _budget(wl)
+    st["restarts"] = max(int(st.get("restarts") or 0), p.spec.backoff_limit - budget_left + outcome.restarts)
+    st["preemptions"] = max(int(st.get("preemptions") or 0), outcome.preemptions,
+                            sum(failure_policy.is_preemption(pod) for pod in v.training_pods))  # fmt: skip
+    _account(v, st, outcome)
+    _cond(v, st, "Suspended", p.spec.suspend, "Suspended" if p.spec.suspend else "Running", "")
+
+    if outcome.state == "Succeeded":
+        result = _train_result(v.training_pods)
+        step = result.step if result else None
+        st["outputs"] = {k: w for k, w in {"checkpoint": result and result.checkpoint, "step": step}.items() if w is not None}
+        if result:
+            st["progress"] = _progress_dict(result.step, result.total_steps, result.loss, result.tokens_per_second)
+        _cond(v, st, "TrainingComplete", True, "Trained", f"trained {step if step is not None else '?'} steps")
+        if p.spec.merge.enabled:
+            _start_merge(v, d, settings, step)
+        else:
+            _succeed(v, st, "training finished (merge disabled)")
+    elif outcome.state == "Failed":
+        _fail(v, st, outcome.reason or "TrainingFailed", _failure_message(v.training_pods, outcome))
+    elif p.spec.suspend or outcome.state == "Suspended":
+        st.update(phase="Suspended", message="suspended: checkpoints are kept and training resumes from the latest")
+    elif outcome.state == "Running":
+        st.setdefault("startTime", timestamp(v.now))
+        st["phase"] = "Training"
+        if v.progress:
+            st["progress"] = _progress_dict(v.progress.step, v.progress.total_steps, v.progress.loss, v.progress.tokens_per_second)
+        prog = st.get("progress") or {}
+        st["message"] = (f"step {prog['step']}/{prog.get('totalSteps', '?')}" + (f", loss {prog['loss']:.4f}" if prog.get("loss") is not None else "")
+                         if prog else "training started")  # fmt: skip
+    else:
+        st["phase"] = "Pending"
+        st["message"] = _scheduling_message(v.training_pods) or f"waiting for {wl['kind']} {name} to start"
+
+
+def _merging(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
+    st, p = d.status, v.plan
+    if v.merge is None:
+        _start_merge(v, d, settings, (st.get("outputs") or {}).get("step"))  # lost: the merge resumes
+        return
+    outcome = failure_policy.outcome(v.merge)
+    if outcome.state == "Succeeded":
+        result = _merge_result(v.merge_pods)
+        st.setdefault("outputs", {})["merged"] = (result.output if result and result.output else p.merged_dir)
+        detail = f": {result.tensors_merged} tensors merged in {result.seconds:.0f} s" if result and result.seconds is not None else ""
+        _cond(v, st, "Merged", True, "Merged", f"merged into {st['outputs']['merged']}{detail}")
+        _succeed(v, st, f"merged model at {st['outputs']['merged']}")
+    elif outcome.state == "Failed":
+        _fail(v, st, "MergeFailed", _failure_message(v.merge_pods, outcome))
+    else:
+        st.update(phase="Merging", message=f"merging the adapter into {p.merged_dir}")
+
+
+def _start_merge(v: FineTuneView, d: Decision, settings: OperatorSettings, step: int | None) -> None:
+    st, p = d.status, v.plan
+    d.create += merge_objects(p, settings, v.owner, step)
+    st.setdefault("children", {})["merge"] = merge.name(p)
+    st.update(phase="Merging", message=f"merging the adapter into {p.merged_dir}")
+
+
+def _training_objects(v: FineTuneView, settings: OperatorSettings, attempt: int, restarts: int) -> list[dict]:
+    """The attempt's ConfigMap and workload, its retry budget reduced by what earlier attempts used."""
+    objs = training_objects(v.plan, settings, v.owner, attempt)
+    wl = objs[-1]
+    left = max(0, v.plan.spec.backoff_limit - restarts)
+    if wl["kind"] == "Job":
+        wl["spec"]["backoffLimit"] = left
+    else:
+        wl["spec"]["failurePolicy"]["maxRestarts"] = left
+    return objs
+
+
+def _budget(wl: dict) -> int:
+    spec = wl.get("spec") or {}
+    if wl.get("kind") == "JobSet":
+        return int((spec.get("failurePolicy") or {}).get("maxRestarts") or 0)
+    return int(spec.get("backoffLimit") or 0)
+
+
+def _account(v: FineTuneView, st: dict, outcome: failure_policy.Outcome) -> None:
+    """Chip-hours: the slice's chips for as long as the workload is seen running."""
+    chips = v.plan.placement.chips
+    last = parse_time(st.get("accountedAt"))
+    if outcome.state == "Running" or (outcome.state in ("Succeeded", "Failed") and last):
+        end = v.now if outcome.state == "Running" else (parse_time((v.training or {}).get("status", {}).get("completionTime")) or v.now)
+        if last and end > last:
+            st["chipHours"] = round(float(st.get("chipHours") or 0) + chips * (end - last).total_seconds() / 3600, 4)
+        st["accountedAt"] = timestamp(v.now) if outcome.state == "Running" else None
+        if st["accountedAt"] is None:
+            st.pop("accountedAt")
+    else:
+        st.pop("accountedAt", None)
+    if chips:
+        st.setdefault("chipHours", 0.0)
+        st["estimatedCost"] = round(st["chipHours"] * v.plan.price_per_chip_hour, 2)
+
+
+def _succeed(v: FineTuneView, st: dict, message: str) -> None:
+    st.update(phase="Succeeded", message=message, completionTime=timestamp(v.now))
+    _cond(v, st, "Complete", True, "Succeeded", message)
+
+
+def _fail(v: FineTuneView, st: dict, reason: str, message: str) -> None:
+    st.update(phase="Failed", message=message)
+    if reason != "InvalidSpec":
+        st["completionTime"] = timestamp(v.now)
+    _cond(v, st, "Failed", True, reason, message)
+
+
+def _cond(v: FineTuneView, st: dict, type_: str, value: bool, reason: str, message: str) -> None:
+    st["conditions"] = set_condition(st.get("conditions") or [], type_, value, reason, message, v.generation, v.now)
+
+
+def _progress_dict(step, total, loss, tps) -> dict[str, Any]:
+    out = {"step": step, "totalSteps": total, "loss": loss, "tokensPerSecond": tps}
+    return {k: (round(x, 6) if isinstance(x, float) else x) for k, x in out.items() if x is not None}
+
+
+# ---------------------------------------------------------------------------- reading pods
+
+
+def _terminated(pod: dict) -> dict:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if t := (cs.get("state") or {}).get("terminated"):
+            return t
+    return {}
+
+
+def _results(pods: list[dict], model):
+    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""), reverse=True):
+        message = _terminated(pod).get("message")
+        if pod.get("status", {}).get("phase") == "Succeeded" and message:
+            try:
+                return model.model_validate_json(message)
+            except ValueError:
+                continue
+    return None
+
+
+def _train_result(pods: list[dict]) -> TrainResult | None:
+    return _results(pods, TrainResult)
+
+
+def _merge_result(pods: list[dict]) -> MergeResult | None:
+    return _results(pods, MergeResult)
+
+
+def _failure_message(pods: list[dict], outcome: failure_policy.Outcome) -> str:
+    """The pod's own account of the failure (result JSON or log tail), else the Job's."""
+    failed = [p for p in pods if p.get("status", {}).get("phase") == "Failed"]
+    for pod in sorted(failed, key=lambda p: p["metadata"].get("creationTimestamp", ""), reverse=True):
+        t = _terminated(pod)
+        message = (t.get("message") or "").strip()
+        try:
+            error = json.loads(message).get("error")
+        except (ValueError, AttributeError):
+            error = message[-1000:] if message else None
+        if error:
+            return f"exit code {t.get('exitCode')}: {error}"
+    return outcome.message or outcome.reason or "the workload failed"
+
+
+def _scheduling_message(pods: list[dict]) -> str | None:
+    for pod in pods:
+        for c in (pod.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("message"):
+                return f"waiting for TPU nodes: {c['message']}"
+    return None

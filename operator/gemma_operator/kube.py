@@ -1,0 +1,183 @@
+"""Every call the operator makes to the Kubernetes API, in one place.
+
+The official client does the HTTP, auth and TLS; its blocking calls run in threads so the kopf
+event loop stays free. `KINDS` lists each kind the operator touches and the verbs it needs:
+the RBAC role is checked against this table (tests/packaging) and against the calls really made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes
+from kubernetes.client.rest import ApiException
+
+from gemma_operator import api
+
+
+@dataclass(frozen=True)
+class KindInfo:
+    api_version: str
+    plural: str
+    verbs: frozenset[str]
+    namespaced: bool = True
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0]
+
+
+def _kind(api_version: str, plural: str, *verbs: str) -> KindInfo:
+    return KindInfo(api_version, plural, frozenset(verbs))
+
+
+KINDS: dict[str, KindInfo] = {
+    api.FINETUNE.kind: _kind(api.API_VERSION, api.FINETUNE.plural, "get", "list", "watch"),
+    api.SERVE.kind: _kind(api.API_VERSION, api.SERVE.plural, "get", "list", "watch"),
+    "ConfigMap": _kind("v1", "configmaps", "get", "create", "patch"),
+    "Job": _kind("batch/v1", "jobs", "get", "list", "watch", "create", "patch", "delete"),
+    "JobSet": _kind("jobset.x-k8s.io/v1alpha2", "jobsets", "get", "list", "watch", "create", "patch", "delete"),
+    "Deployment": _kind("apps/v1", "deployments", "get", "list", "watch", "create", "patch"),
+    "Service": _kind("v1", "services", "get", "create", "patch"),
+    "Pod": _kind("v1", "pods", "list"),
+    "Event": _kind("v1", "events", "create"),
+}
+STATUS_KINDS = (api.FINETUNE.kind, api.SERVE.kind)  # the operator writes their /status
+POD_LOG = "pods/log"  # read for live training progress
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status, self.reason, self.message = status, reason, message
+
+
+def _error(e: ApiException) -> ApiError:
+    try:
+        body = json.loads(e.body or "{}")
+    except ValueError:
+        body = {}
+    return ApiError(e.status, body.get("reason") or str(e.reason), body.get("message") or str(e.body))
+
+
+class Kube:
+    """Async access to the objects of `KINDS`, as plain dicts."""
+
+    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+        self._client = client
+
+    @classmethod
+    def from_url(cls, url: str) -> Kube:
+        cfg = kubernetes.client.Configuration()
+        cfg.host = url.rstrip("/")
+        return cls(kubernetes.client.ApiClient(cfg))
+
+    def _path(self, kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+        info = KINDS[kind]
+        root = f"/api/{info.api_version}" if "/" not in info.api_version else f"/apis/{info.api_version}"
+        path = f"{root}/namespaces/{namespace}/{info.plural}" if namespace else f"{root}/{info.plural}"
+        if name:
+            path += f"/{name}"
+        if sub:
+            path += f"/{sub}"
+        return path
+
+    async def _call(self, method: str, path: str, body: Any = None, query: dict | None = None,
+                    content_type: str = "application/json", raw: bool = False) -> Any:  # fmt: skip
+        def call() -> Any:
+            c = self._client
+            try:
+                method_, url, headers, data, _ = c.param_serialize(
+                    method, path, query_params=list((query or {}).items()), body=body,
+                    header_params={"Content-Type": content_type, "Accept": "application/json"},
+                    auth_settings=["BearerToken"],
+                )  # fmt: skip
+                resp = c.call_api(method_, url, header_params=headers, body=data)
+                resp.read()
+            except ApiException as e:
+                raise _error(e) from None
+            text = (resp.data or b"").decode()
+            if not 200 <= resp.status < 300:
+                raise _error(ApiException(status=resp.status, reason=resp.reason, body=text))
+            return text if raw else json.loads(text or "null")
+
+        return await asyncio.to_thread(call)
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict | None:
+        try:
+            return await self._call("GET", self._path(kind, namespace, name))
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def list(self, kind: str, namespace: str | None, label_selector: str | None = None) -> list[dict]:
+        query = {"labelSelector": label_selector} if label_selector else None
+        return (await self._call("GET", self._path(kind, namespace), query=query))["items"]
+
+    async def create(self, obj: dict) -> dict:
+        return await self._call("POST", self._path(obj["kind"], obj["metadata"]["namespace"]), body=obj)
+
+    async def patch(self, kind: str, namespace: str, name: str, patch: dict, *, status: bool = False) -> dict:
+        path = self._path(kind, namespace, name, "status" if status else None)
+        return await self._call("PATCH", path, body=patch, content_type="application/merge-patch+json")
+
+    async def delete(self, kind: str, namespace: str, name: str) -> None:
+        try:
+            await self._call("DELETE", self._path(kind, namespace, name), body={"propagationPolicy": "Background"})
+        except ApiError as e:
+            if e.status != 404:
+                raise
+
+    async def pod_log(self, namespace: str, name: str, container: str, tail_lines: int = 50) -> str:
+        try:
+            return await self._call(
+                "GET", self._path("Pod", namespace, name, "log"),
+                query={"container": container, "tailLines": str(tail_lines)}, raw=True,
+            )  # fmt: skip
+        except ApiError as e:
+            if e.status in (400, 404):  # not started yet, or gone
+                return ""
+            raise
+
+    async def event(self, involved: dict, type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event on a CR, shown by `kubectl describe`."""
+        meta = involved["metadata"]
+        t = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        await self.create({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": involved["apiVersion"], "kind": involved["kind"], "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "type": type_, "reason": reason, "message": message[:1024], "count": 1,
+            "firstTimestamp": t, "lastTimestamp": t, "source": {"component": "gemma-tpu-operator"},
+        })  # fmt: skip
+
+    async def ensure(self, obj: dict, mutable: tuple[str, ...] = ()) -> dict:
+        """Create the object, or bring the `mutable` top-level spec fields of an existing one in
+        line (Job templates are immutable; Deployments take any spec change)."""
+        try:
+            return await self.create(obj)
+        except ApiError as e:
+            if e.status != 409:
+                raise
+        meta = obj["metadata"]
+        current = await self.get(obj["kind"], meta["namespace"], meta["name"])
+        if current is None:  # deleted in between: the next reconcile creates it
+            raise ApiError(409, "Conflict", f"{obj['kind']} {meta['name']} is being deleted")
+        want = {k: obj["spec"][k] for k in mutable if k in obj.get("spec", {})}
+        patch: dict[str, Any] = {}
+        if any(current.get("spec", {}).get(k) != v for k, v in want.items()):
+            patch["spec"] = want
+        if obj.get("data") is not None and current.get("data") != obj["data"]:
+            patch["data"] = obj["data"]
+        labels = meta.get("labels") or {}
+        if any((current["metadata"].get("labels") or {}).get(k) != v for k, v in labels.items()):
+            patch["metadata"] = {"labels": labels}
+        if not patch:
+            return current
+        return await self.patch(obj["kind"], meta["namespace"], meta["name"], patch)

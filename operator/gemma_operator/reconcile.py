@@ -1,0 +1,262 @@
+"""The kopf handlers and the I/O around the pure lifecycles: read -> plan -> decide -> apply.
+
+Reconciles are level-based: any event of a CR or of one of its children (found through the
+child's controller ownerReference) re-reads the CR and its children and lets the lifecycle
+decide. Reconciles of one CR never overlap (a lock per CR). A poller re-visits unfinished CRs,
+which reads live training progress and retries after API errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import Any
+
+import kopf
+
+from gemma_operator import api, failure_policy, finetune_flow, metrics, serve_flow
+from gemma_operator.children import common, merge, serving, training
+from gemma_operator.kube import ApiError, Kube
+from gemma_operator.plan import SpecError, plan_finetune, plan_serve
+from gemma_operator.settings import OperatorSettings
+from gemma_operator.status import diff_patch, now
+from gemma_workloads.config import Progress
+
+log = logging.getLogger("gemma_operator")
+
+# Spec fields brought back in line when a child drifts (Job templates are immutable).
+MUTABLE = {"ConfigMap": (), "Job": ("suspend",), "JobSet": ("suspend",),
+           "Deployment": ("replicas", "template", "strategy", "progressDeadlineSeconds"),
+           "Service": ("ports", "selector", "type")}  # fmt: skip
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+ACTIVE = ("Pending", "Training", "Merging", "Suspended", "WaitingForModel", "Deploying")
+
+
+class Controller:
+    """Reconciles GemmaFineTunes and GemmaServes through the Kubernetes API."""
+
+    def __init__(self, kube: Kube, settings: OperatorSettings, namespaces: list[str] | None = None) -> None:
+        self.kube, self.settings, self.namespaces = kube, settings, namespaces or None
+        self._locks: dict[tuple[str, str, str], asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        self.tracker = metrics.PhaseTracker()
+
+    def forget(self, kind: str, namespace: str, name: str) -> None:
+        self._locks.pop((kind, namespace, name), None)
+        self.tracker.forget(kind, namespace, name)
+
+    async def reconcile(self, kind: str, namespace: str, name: str) -> None:
+        started = time.perf_counter()
+        try:
+            async with self._locks[(kind, namespace, name)]:
+                if kind == api.FINETUNE.kind:
+                    await self._reconcile_finetune(namespace, name)
+                else:
+                    await self._reconcile_serve(namespace, name)
+        except Exception:
+            metrics.RECONCILES.labels(kind, "error").inc()
+            raise
+        else:
+            metrics.RECONCILES.labels(kind, "ok").inc()
+        finally:
+            metrics.RECONCILE_SECONDS.labels(kind).observe(time.perf_counter() - started)
+
+    # ------------------------------------------------------------------ GemmaFineTune
+
+    async def _reconcile_finetune(self, namespace: str, name: str) -> None:
+        body = await self.kube.get(api.FINETUNE.kind, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        view = await self._observe_finetune(body)
+        decision = finetune_flow.decide(view, self.settings)
+        await self._apply(body, decision)
+        st = decision.status
+        self.tracker.observe(api.FINETUNE.kind, namespace, name, st.get("phase"))
+        if view.plan:
+            held = view.plan.placement.chips if st.get("phase") == "Training" else 0
+            self.tracker.chips(namespace, name, view.plan.placement.accelerator, held)
+            added = float(st.get("chipHours") or 0) - float((body.get("status") or {}).get("chipHours") or 0)
+            if added > 0 and st.get("run") == (body.get("status") or {}).get("run"):
+                metrics.CHIP_HOURS.labels(view.plan.placement.accelerator).inc(added)
+
+    async def _observe_finetune(self, body: dict) -> finetune_flow.FineTuneView:
+        meta, status = body["metadata"], body.get("status") or {}
+        namespace, name = meta["namespace"], meta["name"]
+        plan, problems = None, []
+        try:
+            plan = plan_finetune(name, namespace, body.get("spec"), self.settings, meta.get("labels"))
+        except SpecError as e:
+            problems = e.problems
+        view = finetune_flow.FineTuneView(
+            name=name, namespace=namespace, generation=int(meta.get("generation") or 1), status=status,
+            plan=plan, problems=problems, owner=common.owner_reference(api.FINETUNE, name, meta["uid"]), now=now(),
+        )  # fmt: skip
+        if plan is None:
+            return view
+        kind = "JobSet" if plan.multi_host else "Job"
+        same_run = status.get("run") == plan.run
+        attempt = int(status.get("attempt") or 1) if same_run else 1
+        wl_name, _ = training.names(plan, attempt)
+        view.training = await self.kube.get(kind, namespace, wl_name)
+        if view.training is not None:
+            view.training_pods = await self._pods(kind, namespace, wl_name)
+            if failure_policy.outcome(view.training).state == "Running":
+                view.progress = await self._progress(view.training_pods)
+        if same_run and status.get("phase") in ("Merging", "Succeeded"):
+            view.merge = await self.kube.get("Job", namespace, merge.name(plan))
+            if view.merge is not None:
+                view.merge_pods = await self._pods("Job", namespace, merge.name(plan))
+        if status.get("run") and not same_run:
+            selector = f"{common.FINETUNE_LABEL}={common.label_value(name)},{common.RUN_LABEL}!={plan.run}"
+            for stale_kind in ("Job", "JobSet"):
+                view.stale += [{**w, "kind": stale_kind} for w in await self._list_or_empty(stale_kind, namespace, selector)]
+        return view
+
+    async def _list_or_empty(self, kind: str, namespace: str, selector: str) -> list[dict]:
+        try:
+            return await self.kube.list(kind, namespace, selector)
+        except ApiError as e:  # JobSet not installed: nothing of that kind can exist
+            if e.status == 404:
+                return []
+            raise
+
+    async def _pods(self, kind: str, namespace: str, workload: str) -> list[dict]:
+        label = JOBSET_NAME_LABEL if kind == "JobSet" else JOB_NAME_LABEL
+        return await self.kube.list("Pod", namespace, f"{label}={workload}")
+
+    async def _progress(self, pods: list[dict]) -> Progress | None:
+        """The latest progress line of the coordinating (index 0) training pod's log."""
+        running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+        running.sort(key=lambda p: (p["metadata"].get("labels", {}).get(COMPLETION_INDEX_LABEL, "0") != "0",
+                                    p["metadata"].get("creationTimestamp", "")))  # fmt: skip
+        if not running:
+            return None
+        pod = running[0]["metadata"]
+        return Progress.last_in(await self.kube.pod_log(pod["namespace"], pod["name"], training.CONTAINER, 20))
+
+    # ------------------------------------------------------------------ GemmaServe
+
+    async def _reconcile_serve(self, namespace: str, name: str) -> None:
+        body = await self.kube.get(api.SERVE.kind, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        meta, status, spec = body["metadata"], body.get("status") or {}, body.get("spec") or {}
+        ref = ((spec.get("model") or {}).get("fineTuneRef") or {}).get("name")
+        fine_tune = await self.kube.get(api.FINETUNE.kind, namespace, ref) if ref else None
+        model_uri = serve_flow.resolve_model(ref, fine_tune, status)
+        ft_preset = ((fine_tune or {}).get("spec") or {}).get("model", {}).get("preset") or (fine_tune or {}).get("status", {}).get("model")
+        plan, problems = None, []
+        try:
+            plan = plan_serve(name, namespace, spec, self.settings, model_uri=model_uri, fine_tune_preset=ft_preset,
+                              labels=meta.get("labels"))  # fmt: skip
+        except SpecError as e:
+            problems = e.problems
+        view = serve_flow.ServeView(
+            name=name, namespace=namespace, generation=int(meta.get("generation") or 1), status=status, plan=plan,
+            problems=problems, owner=common.owner_reference(api.SERVE, name, meta["uid"]), now=now(),
+            fine_tune_name=ref, fine_tune=fine_tune,
+        )  # fmt: skip
+        if plan is not None and plan.model_uri:
+            view.deployment = await self.kube.get("Deployment", namespace, serving.name(plan))
+            if view.deployment is not None:
+                sel = ",".join(f"{k}={v}" for k, v in serving.selector(plan).items())
+                view.pods = await self.kube.list("Pod", namespace, sel)
+        decision = serve_flow.decide(view, self.settings)
+        await self._apply(body, decision)
+        self.tracker.observe(api.SERVE.kind, namespace, name, decision.status.get("phase"))
+
+    # ------------------------------------------------------------------ applying
+
+    async def _apply(self, body: dict, d: finetune_flow.Decision) -> None:
+        meta = body["metadata"]
+        namespace = meta["namespace"]
+        for obj in d.delete:
+            log.info("deleting %s %s/%s of an earlier run", obj["kind"], namespace, obj["metadata"]["name"])
+            await self.kube.delete(obj["kind"], namespace, obj["metadata"]["name"])
+        for obj in d.create:
+            await self.kube.ensure(obj, MUTABLE[obj["kind"]])
+        for kind, name, patch in d.patch:
+            await self.kube.patch(kind, namespace, name, patch)
+        patch = diff_patch(body.get("status") or {}, d.status)
+        if patch:
+            await self.kube.patch(body["kind"], namespace, meta["name"], {"status": patch}, status=True)
+        for type_, reason, message in d.events:
+            try:
+                await self.kube.event(body, type_, reason, message)
+            except ApiError as e:  # an Event is worth a warning in the log, not a failed reconcile
+                log.warning("could not post event %s on %s/%s: %s", reason, namespace, meta["name"], e)
+
+    # ------------------------------------------------------------------ polling
+
+    async def poll(self, stop: asyncio.Event | None = None) -> None:
+        """Re-visit unfinished CRs: live progress, chip-hours, and retries after errors."""
+        while not (stop and stop.is_set()):
+            await asyncio.sleep(self.settings.progress_poll_seconds)
+            for kind in (api.FINETUNE.kind, api.SERVE.kind):
+                for namespace in self.namespaces or [None]:
+                    try:
+                        items = await self.kube.list(kind, namespace)
+                    except ApiError as e:
+                        log.warning("listing %s failed: %s", kind, e)
+                        continue
+                    for obj in items:
+                        st, meta = obj.get("status") or {}, obj["metadata"]
+                        if st.get("phase") in ACTIVE or st.get("observedGeneration") != meta.get("generation"):
+                            try:
+                                await self.reconcile(kind, meta["namespace"], meta["name"])
+                            except Exception as e:  # noqa: BLE001 (logged; the next poll retries)
+                                log.warning("reconcile of %s %s/%s failed: %s", kind, meta["namespace"], meta["name"], e)
+
+
+def owner_of(body: dict) -> tuple[str, str] | None:
+    """(kind, name) of the CR controlling a child, from its ownerReferences."""
+    for ref in body["metadata"].get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("apiVersion") == api.API_VERSION and ref.get("kind") in api.KINDS:
+            return ref["kind"], ref["name"]
+    return None
+
+
+def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
+    """Declare the handlers on a registry (one per operator, so tests get fresh ones)."""
+    managed = {"app.kubernetes.io/managed-by": common.MANAGED_BY}
+
+    @kopf.index(api.GROUP, api.VERSION, api.SERVE.plural, id="serves_by_fine_tune", registry=registry)
+    def serves_by_fine_tune(spec: kopf.Spec, name: str, namespace: str, **_: Any) -> dict | None:
+        ref = ((spec.get("model") or {}).get("fineTuneRef") or {}).get("name")
+        return {(namespace, ref): name} if ref else None
+
+    @kopf.on.event(api.GROUP, api.VERSION, api.FINETUNE.plural, registry=registry)
+    async def fine_tune_event(type: str, name: str, namespace: str, serves_by_fine_tune: kopf.Index, **_: Any) -> None:
+        if type == "DELETED":
+            controller.forget(api.FINETUNE.kind, namespace, name)
+        else:
+            await controller.reconcile(api.FINETUNE.kind, namespace, name)
+        for serve in serves_by_fine_tune.get((namespace, name), []):
+            await controller.reconcile(api.SERVE.kind, namespace, serve)
+
+    @kopf.on.event(api.GROUP, api.VERSION, api.SERVE.plural, registry=registry)
+    async def serve_event(type: str, name: str, namespace: str, **_: Any) -> None:
+        if type == "DELETED":
+            controller.forget(api.SERVE.kind, namespace, name)
+            return
+        await controller.reconcile(api.SERVE.kind, namespace, name)
+
+    async def child_event(body: kopf.Body, namespace: str, **_: Any) -> None:
+        owner = owner_of(body)
+        if owner:
+            await controller.reconcile(owner[0], namespace, owner[1])
+
+    for group, version, plural in (("batch", "v1", "jobs"), ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
+                                   ("apps", "v1", "deployments")):  # fmt: skip
+        kopf.on.event(group, version, plural, labels=managed, id=f"child-{plural}", registry=registry)(child_event)
+
+    @kopf.on.startup(registry=registry)
+    async def start_poller(memo: kopf.Memo, **_: Any) -> None:
+        memo.poller = asyncio.create_task(controller.poll())
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop_poller(memo: kopf.Memo, **_: Any) -> None:
+        memo.poller.cancel()

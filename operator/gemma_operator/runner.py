@@ -1,0 +1,109 @@
+"""Starting the operator: kopf's settings, the API client, the handlers, metrics.
+
+`run()` is `gemma-tpu operator` on a cluster. `spawn()` starts the same operator inside an
+existing event loop (tests, `gemma-tpu dev`), against an API at a given URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections.abc import Collection
+
+import kopf
+import kubernetes
+
+from gemma_operator import api, metrics
+from gemma_operator.kube import Kube
+from gemma_operator.reconcile import Controller, register
+from gemma_operator.settings import OperatorSettings, load_settings
+
+
+def configure(settings: kopf.OperatorSettings, *, standalone: bool, peering: str) -> None:
+    """kopf settings chosen once, in one place."""
+    # The handlers are level-based (on.event), so kopf needs no per-object progress storage;
+    # should any be used, keep it in annotations of our own group rather than in status,
+    # which the CRD's structural schema would prune.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=api.GROUP)
+    settings.persistence.finalizer = f"{api.GROUP}/finalizer"
+    settings.posting.level = logging.WARNING  # our own Events say what happened; kopf adds its errors
+    settings.watching.server_timeout = 300  # re-establish watches every few minutes
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 60
+    settings.peering.standalone = standalone
+    settings.peering.name = peering
+    settings.peering.mandatory = not standalone
+
+
+def _kube_from_environment() -> Kube:
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    return Kube(kubernetes.client.ApiClient())
+
+
+def run(args: argparse.Namespace) -> int:
+    """`gemma-tpu operator`: run until stopped."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = load_settings(args.settings)
+    controller = Controller(_kube_from_environment(), settings, args.namespace)
+    registry = kopf.OperatorRegistry()
+    register(registry, controller)
+
+    @kopf.on.startup(registry=registry)
+    def startup(settings: kopf.OperatorSettings, **_: object) -> None:
+        configure(settings, standalone=args.standalone, peering=args.peering)
+        if args.metrics_port:
+            metrics.serve(args.metrics_port)
+
+    kopf.run(
+        registry=registry,
+        standalone=args.standalone,
+        peering_name=args.peering,
+        liveness_endpoint=args.liveness or None,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+    )
+    return 0
+
+
+async def spawn(
+    url: str,
+    settings: OperatorSettings,
+    stop: asyncio.Event,
+    ready: asyncio.Event,
+    namespaces: Collection[str] = (),
+) -> tuple[Controller, Collection[asyncio.Task]]:
+    """The operator as tasks of the running loop, talking to the API at `url` (no TLS)."""
+    kube = Kube.from_url(url)
+    controller = Controller(kube, settings, list(namespaces) or None)
+    registry = kopf.OperatorRegistry()
+    register(registry, controller)
+
+    @kopf.on.startup(registry=registry)
+    def startup(settings: kopf.OperatorSettings, **_: object) -> None:
+        configure(settings, standalone=True, peering="gemma-tpu-operator")
+        settings.watching.server_timeout = 30
+
+    @kopf.on.login(registry=registry)
+    def login(**_: object) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=url.rstrip("/"), insecure=True)
+
+    tasks = await kopf.spawn_tasks(
+        registry=registry, standalone=True, clusterwide=not namespaces, namespaces=namespaces,
+        stop_flag=stop, ready_flag=ready,
+    )  # fmt: skip
+    return controller, tasks
+
+
+async def stop(tasks: Collection[asyncio.Task], flag: asyncio.Event) -> None:
+    """Stop spawned operator tasks: raise the flag so watchers let go, then cancel what remains
+    (kopf.run_tasks would also cancel every other task of the loop, the API server's included)."""
+    flag.set()
+    await asyncio.sleep(0.1)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

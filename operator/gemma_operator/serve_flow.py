@@ -1,0 +1,139 @@
+"""The GemmaServe lifecycle, as a pure function: what was observed -> what to do.
+
+Pending -> WaitingForModel (a referenced fine-tune has no merged output yet) -> Deploying ->
+Ready; Failed for an invalid spec or when no replica of a rollout ever became ready. Once a
+model has been served, a re-running fine-tune does not take it away: the Deployment keeps the
+previous output until the new merge lands, then rolls (maxSurge 0: no spare TPUs needed).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from dataclasses import dataclass, field
+from typing import Any
+
+from gemma_operator.children import serving, serving_objects
+from gemma_operator.finetune_flow import Decision
+from gemma_operator.plan import ServePlan
+from gemma_operator.settings import OperatorSettings
+from gemma_operator.status import set_condition
+
+
+@dataclass
+class ServeView:
+    name: str
+    namespace: str
+    generation: int
+    status: dict[str, Any]
+    plan: ServePlan | None
+    problems: list[str]
+    owner: dict[str, Any] | None
+    now: datetime.datetime
+    fine_tune_name: str | None = None
+    fine_tune: dict | None = None  # the referenced GemmaFineTune, when found
+    deployment: dict | None = None
+    pods: list[dict] = field(default_factory=list)
+
+
+def resolve_model(ref_name: str | None, fine_tune: dict | None, status: dict[str, Any]) -> str | None:
+    """The fine-tune's merged output; while it re-runs, the output already being served."""
+    if ref_name is None:
+        return None
+    merged = ((fine_tune or {}).get("status") or {}).get("outputs", {}).get("merged")
+    if fine_tune and fine_tune.get("status", {}).get("phase") == "Succeeded" and merged:
+        return merged
+    return status.get("modelUri")
+
+
+def decide(v: ServeView, settings: OperatorSettings) -> Decision:
+    st = copy.deepcopy(v.status or {})
+    d = Decision(st)
+    before = st.get("phase")
+    st["observedGeneration"] = v.generation
+    if v.problems:
+        message = "; ".join(v.problems)
+        _cond(v, st, "InvalidSpec", True, "InvalidSpec", message)
+        st.update(phase="Failed", message=f"invalid spec: {message}")
+    else:
+        _cond(v, st, "InvalidSpec", False, "Valid", "")
+        _advance(v, d, settings)
+    if st.get("phase") != before:
+        kind = "Warning" if st["phase"] == "Failed" else "Normal"
+        d.events.append((kind, st["phase"], st.get("message") or st["phase"]))
+    return d
+
+
+def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
+    st, p = d.status, v.plan
+    if p.model_uri is None:
+        reason, message = _waiting(v)
+        _cond(v, st, "ModelReady", False, reason, message)
+        st.update(phase="WaitingForModel", message=message)
+        return
+    ft_status = (v.fine_tune or {}).get("status") or {}
+    latest = ft_status.get("outputs", {}).get("merged")
+    if v.fine_tune_name and latest != p.model_uri:
+        _cond(v, st, "ModelReady", True, "PreviousOutput",
+              f"serving {p.model_uri} while GemmaFineTune {v.fine_tune_name} is {ft_status.get('phase', 'missing')}")  # fmt: skip
+    else:
+        _cond(v, st, "ModelReady", True, "Resolved", p.model_uri)
+    d.create += serving_objects(p, settings, v.owner)
+    st.update(modelUri=p.model_uri, servedModelName=p.served_name, endpoint=serving.endpoint(p), replicas=p.spec.replicas)
+
+    dep = v.deployment
+    if dep is None:
+        st.update(phase="Deploying", message=f"creating {serving.name(p)}", readyReplicas=0, updatedReplicas=0)
+        return
+    ds = dep.get("status") or {}
+    ready, updated = int(ds.get("readyReplicas") or 0), int(ds.get("updatedReplicas") or 0)
+    st.update(readyReplicas=ready, updatedReplicas=updated)
+    template_rev = ((dep["spec"]["template"].get("metadata") or {}).get("annotations") or {}).get(serving.REVISION_ANNOTATION)
+    current = template_rev == p.revision and int(ds.get("observedGeneration") or 0) >= int(dep["metadata"].get("generation") or 1)
+    replicas = p.spec.replicas
+    progressing = next((c for c in ds.get("conditions") or [] if c.get("type") == "Progressing"), {})
+    _cond(v, st, "Available", ready > 0, "MinimumReplicasAvailable" if ready else "NoReplicaReady", f"{ready}/{replicas} ready")
+    if current and progressing.get("status") == "False" and progressing.get("reason") == "ProgressDeadlineExceeded":
+        why = _pod_problem(v.pods) or progressing.get("message", "")
+        _cond(v, st, "Progressing", False, "ProgressDeadlineExceeded", why)
+        if ready:
+            st.update(phase="Deploying", message=f"rollout of revision {p.revision} is stuck ({why}); {ready} replica(s) of the previous revision still serve")
+        else:
+            st.update(phase="Failed", message=f"no replica became ready: {why}")
+        return
+    if current and updated >= replicas and ready >= replicas:
+        st["revision"] = p.revision
+        _cond(v, st, "Progressing", True, "RolloutComplete", f"revision {p.revision}")
+        _cond(v, st, "Ready", True, "Serving", f"{ready}/{replicas} replicas serve {p.model_uri}")
+        st.update(phase="Ready", message=f"serving {p.served_name} at {st['endpoint']}" if replicas else "scaled to zero")
+        return
+    _cond(v, st, "Progressing", True, "RollingOut", f"revision {p.revision}: {updated}/{replicas} updated, {ready} ready")
+    _cond(v, st, "Ready", False, "RollingOut", f"{ready}/{replicas} ready")
+    st.update(phase="Deploying", message=f"rolling out revision {p.revision}: {updated}/{replicas} updated, {ready} ready")
+
+
+def _waiting(v: ServeView) -> tuple[str, str]:
+    if v.fine_tune is None:
+        return "FineTuneNotFound", f"GemmaFineTune {v.fine_tune_name} not found in {v.namespace}"
+    ft = v.fine_tune.get("status") or {}
+    phase = ft.get("phase") or "Pending"
+    reason = "FineTuneFailed" if phase == "Failed" else "FineTuneNotReady"
+    detail = f": {ft['message']}" if ft.get("message") else ""
+    return reason, f"waiting for GemmaFineTune {v.fine_tune_name} ({phase}{detail})"
+
+
+def _pod_problem(pods: list[dict]) -> str | None:
+    """Why new pods are not ready: a waiting reason (CrashLoopBackOff, ImagePullBackOff...)."""
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason"):
+                return f"{pod['metadata']['name']}: {waiting['reason']} {waiting.get('message', '')}".strip()
+        for c in (pod.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                return f"{pod['metadata']['name']}: {c.get('message', 'unschedulable')}"
+    return None
+
+
+def _cond(v: ServeView, st: dict, type_: str, value: bool, reason: str, message: str) -> None:
+    st["conditions"] = set_condition(st.get("conditions") or [], type_, value, reason, message, v.generation, v.now)

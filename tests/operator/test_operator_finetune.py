@@ -1,0 +1,216 @@
+"""The real operator against the in-process API: a GemmaFineTune from apply to Succeeded."""
+
+import asyncio
+import json
+
+from gemma_operator.children import merge, training
+from gemma_operator.plan import plan_finetune
+from gemma_operator.settings import OperatorSettings
+from tests.support.builders import finetune
+
+NS = "default"
+
+
+def names(b):
+    p = plan_finetune(b.name, NS, b.spec, OperatorSettings())
+    return p, training.names(p)[0], merge.name(p)
+
+
+async def test_happy_path_train_merge_succeed(operator, cluster):
+    b = finetune("ft").tpu("v5p", "2x2x1")
+    p, train_name, merge_name = names(b)
+    await cluster.apply(b.obj())
+    job = await cluster.job(NS, train_name)
+    assert job["metadata"]["ownerReferences"][0]["kind"] == "GemmaFineTune"
+    cm = await cluster.get("ConfigMap", NS, train_name)
+    assert json.loads(cm["data"]["train.json"])["output_dir"] == p.run_dir
+    ft = await cluster.phase("GemmaFineTune", NS, "ft", "Pending")
+    assert ft["status"]["run"] == p.run and ft["status"]["observedGeneration"] == 1
+
+    progress = '{"event": "progress", "step": 40, "total_steps": 100, "loss": 1.25, "tokens_per_second": 900.0}\n'
+    await cluster.job_running(NS, train_name, log="starting\n" + progress)
+    ft = await cluster.phase("GemmaFineTune", NS, "ft", "Training")
+    ft = await cluster.wait_for(lambda: _with_progress(cluster), message="progress in status")
+    assert ft["status"]["progress"] == {"step": 40, "totalSteps": 100, "loss": 1.25, "tokensPerSecond": 900.0}
+
+    ckpt = f"{p.run_dir}/checkpoints/100"
+    await cluster.job_succeeded(NS, train_name, {"status": "succeeded", "step": 100, "total_steps": 100, "loss": 0.5,
+                                                 "tokens_per_second": 950.0, "checkpoint": ckpt})  # fmt: skip
+    mjob = await cluster.job(NS, merge_name)
+    assert mjob["spec"]["template"]["spec"]["containers"][0]["command"][2] == "gemma_workloads.merge"
+    mcm = await cluster.get("ConfigMap", NS, merge_name)
+    assert json.loads(mcm["data"]["merge.json"])["step"] == 100
+    await cluster.phase("GemmaFineTune", NS, "ft", "Merging")
+
+    await cluster.job_succeeded(NS, merge_name, {"status": "succeeded", "output": p.merged_dir, "tensors_merged": 420,
+                                                 "bytes_written": 10, "seconds": 12.0}, container="merge")  # fmt: skip
+    ft = await cluster.phase("GemmaFineTune", NS, "ft", "Succeeded")
+    st = ft["status"]
+    assert st["outputs"] == {"checkpoint": ckpt, "step": 100, "merged": p.merged_dir}
+    assert st["progress"]["step"] == 100 and st["completionTime"] and st["startTime"]
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["Complete"]["status"] == "True" and conds["InvalidSpec"]["status"] == "False"
+    assert all(c["observedGeneration"] == 1 for c in conds.values())
+    reasons = [e["reason"] for e in await _events(cluster, "ft")]
+    assert {"Pending", "Training", "Merging", "Succeeded"} <= set(reasons)
+
+
+async def _with_progress(cluster):
+    ft = await cluster.get("GemmaFineTune", NS, "ft")
+    return ft if (ft.get("status") or {}).get("progress") else None
+
+
+async def _events(cluster, name):
+    return [e for e in await cluster.kube.list("Event", NS) if e["involvedObject"]["name"] == name]
+
+
+async def test_application_error_fails_at_once_with_the_pods_message(operator, cluster):
+    b = finetune("bad-data").tpu("v5p")
+    _, train_name, _ = names(b)
+    await cluster.apply(b.obj())
+    await cluster.job(NS, train_name)
+    await cluster.job_running(NS, train_name)
+    await cluster.pod_failed(NS, train_name, 2, json.dumps({"status": "failed", "error": "train.jsonl line 7: missing 'messages'"}))
+    await cluster.job_failed(NS, train_name, "PodFailurePolicy", "Container trainer failed with exit code 2 matching FailJob rule at index 2")
+    ft = await cluster.phase("GemmaFineTune", NS, "bad-data", "Failed")
+    assert ft["status"]["message"] == "exit code 2: train.jsonl line 7: missing 'messages'"
+    failed = next(c for c in ft["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "PodFailurePolicy"
+    events = await _events(cluster, "bad-data")
+    assert any(e["type"] == "Warning" and e["reason"] == "Failed" for e in events)
+
+
+async def test_retries_exhausted_fails_and_counts_restarts_not_preemptions(operator, cluster):
+    b = finetune("flaky").tpu("v5p").set("backoffLimit", 2)
+    _, train_name, _ = names(b)
+    await cluster.apply(b.obj())
+    await cluster.job(NS, train_name)
+    await cluster.job_running(NS, train_name)
+    await cluster.pod_failed(NS, train_name, 42, preempted=True)
+    await cluster.pod_failed(NS, train_name, 137, "OOMKilled")
+    await cluster.pod_failed(NS, train_name, 137, "OOMKilled")
+    await cluster.job_failed(NS, train_name, "BackoffLimitExceeded", "Job has reached the specified backoff limit", failed=2)
+    ft = await cluster.phase("GemmaFineTune", NS, "flaky", "Failed")
+    assert (ft["status"]["restarts"], ft["status"]["preemptions"]) == (2, 1)
+    assert "OOMKilled" in ft["status"]["message"]
+    await asyncio.sleep(0.5)  # a finished run is never restarted
+    jobs = await cluster.kube.list("Job", NS)
+    assert [j["metadata"]["name"] for j in jobs] == [train_name]
+
+
+async def test_invalid_spec_schedules_nothing_and_a_fix_recovers(operator, cluster):
+    b = finetune("typo").tpu("v5p", "2x2x3")
+    await cluster.apply(b.obj())
+    ft = await cluster.phase("GemmaFineTune", NS, "typo", "Failed")
+    cond = next(c for c in ft["status"]["conditions"] if c["type"] == "InvalidSpec")
+    assert cond["status"] == "True" and "spec.tpu.topology: v5p has no topology '2x2x3'" in cond["message"]
+    assert await cluster.kube.list("Job", NS) == [] and await cluster.kube.list("ConfigMap", NS) == []
+    assert any(e["reason"] == "Failed" and e["type"] == "Warning" for e in await _events(cluster, "typo"))
+
+    await cluster.kube.patch("GemmaFineTune", NS, "typo", {"spec": {"tpu": {"topology": "2x2x1"}}})
+    ft = await cluster.phase("GemmaFineTune", NS, "typo", "Pending")
+    assert ft["status"]["observedGeneration"] == 2
+    assert next(c for c in ft["status"]["conditions"] if c["type"] == "InvalidSpec")["status"] == "False"
+    _, train_name, _ = names(finetune("typo").tpu("v5p", "2x2x1"))
+    await cluster.job(NS, train_name)
+
+
+async def test_operator_restart_mid_training_creates_no_second_job(apiserver, cluster):
+    from gemma_operator import runner
+
+    b = finetune("steady").tpu("v5p")
+    _, train_name, _ = names(b)
+
+    async def start():
+        stop, ready = asyncio.Event(), asyncio.Event()
+        _, tasks = await runner.spawn(str(apiserver.url), OperatorSettings(progress_poll_seconds=0.2), stop, ready)
+        await ready.wait()
+        return stop, tasks
+
+    stop, tasks = await start()
+    await cluster.apply(b.obj())
+    await cluster.job(NS, train_name)
+    await cluster.job_running(NS, train_name)
+    await cluster.phase("GemmaFineTune", NS, "steady", "Training")
+    await runner.stop(tasks, stop)
+
+    stop, tasks = await start()  # a new operator process: only the cluster's state is known
+    await asyncio.sleep(1.0)
+    jobs = await cluster.kube.list("Job", NS)
+    assert [j["metadata"]["name"] for j in jobs] == [train_name]
+    ft = await cluster.get("GemmaFineTune", NS, "steady")
+    assert ft["status"]["phase"] == "Training" and ft["status"]["attempt"] == 1
+    await runner.stop(tasks, stop)
+
+
+async def test_a_vanished_job_is_a_new_attempt_within_the_budget(operator, cluster):
+    b = finetune("lost").tpu("v5p").set("backoffLimit", 1)
+    p, train_name, _ = names(b)
+    await cluster.apply(b.obj())
+    await cluster.job(NS, train_name)
+    await cluster.kube.delete("Job", NS, train_name)
+    second = training.names(p, 2)[0]
+    job2 = await cluster.job(NS, second)
+    assert job2["spec"]["backoffLimit"] == 0, "the new attempt gets what is left of the budget"
+    ft = await cluster.get("GemmaFineTune", NS, "lost")
+    assert (ft["status"]["attempt"], ft["status"]["restarts"]) == (2, 1)
+    assert any(e["reason"] == "TrainingRecreated" for e in await _events(cluster, "lost"))
+    await cluster.kube.delete("Job", NS, second)
+    ft = await cluster.phase("GemmaFineTune", NS, "lost", "Failed")
+    assert "retry budget (backoffLimit 1) is spent" in ft["status"]["message"]
+
+
+async def test_suspend_and_resume(operator, cluster):
+    b = finetune("pause").tpu("v5p")
+    _, train_name, _ = names(b)
+    await cluster.apply(b.obj())
+    await cluster.job(NS, train_name)
+    await cluster.job_running(NS, train_name)
+    await cluster.phase("GemmaFineTune", NS, "pause", "Training")
+    await cluster.kube.patch("GemmaFineTune", NS, "pause", {"spec": {"suspend": True}})
+    await cluster.wait_for(lambda: _suspended(cluster, train_name, True), message="Job suspended")
+    ft = await cluster.phase("GemmaFineTune", NS, "pause", "Suspended")
+    assert ft["status"]["run"] == names(b)[0].run, "suspending does not start a new run"
+    await cluster.kube.patch("GemmaFineTune", NS, "pause", {"spec": {"suspend": False}})
+    await cluster.wait_for(lambda: _suspended(cluster, train_name, False), message="Job resumed")
+
+
+async def _suspended(cluster, name, value):
+    job = await cluster.get("Job", NS, name)
+    return job["spec"].get("suspend") is value
+
+
+async def test_a_spec_change_starts_a_new_run_and_stops_the_old_one(operator, cluster):
+    b = finetune("rerun").tpu("v5p")
+    p1, first, _ = names(b)
+    await cluster.apply(b.obj())
+    await cluster.job(NS, first)
+    await cluster.job_running(NS, first)
+    await cluster.phase("GemmaFineTune", NS, "rerun", "Training")
+    await cluster.kube.patch("GemmaFineTune", NS, "rerun", {"spec": {"training": {"learningRate": 3e-4}}})
+    p2, second, _ = names(finetune("rerun").tpu("v5p").training(learningRate=3e-4))
+    await cluster.job(NS, second)
+    await cluster.wait_for(lambda: _gone(cluster, first), message="old run's Job deleted")
+    ft = await cluster.get("GemmaFineTune", NS, "rerun")
+    assert ft["status"]["run"] == p2.run != p1.run and "progress" not in ft["status"]
+    assert json.loads((await cluster.get("ConfigMap", NS, second))["data"]["train.json"])["output_dir"] == p2.run_dir
+
+
+async def _gone(cluster, name):
+    return await cluster.get("Job", NS, name) is None
+
+
+async def test_deletion_collects_children_and_leaves_artifacts(operator, cluster, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("artifact")
+    b = finetune("gone").cpu_tiny(str(tmp_path)).set("output.uri", str(out))
+    _, train_name, _ = names(b)
+    await cluster.apply(b.obj())
+    await cluster.job(NS, train_name)
+    await cluster.job_running(NS, train_name)
+    await cluster.kube._call("DELETE", "/apis/gemma-tpu.dev/v1alpha1/namespaces/default/gemmafinetunes/gone")
+    await cluster.wait_for(lambda: _gone(cluster, train_name), message="Job garbage-collected")
+    assert await cluster.get("ConfigMap", NS, train_name) is None
+    assert (out / "keep.txt").read_text() == "artifact"
+    assert ("delete", "batch", "jobs") not in cluster.api.calls, "children go by ownership, not by the operator"
