@@ -91,6 +91,6 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
         f"  HBM per chip:  {hbm}",
         f"  run:           {d['run']} -> {d['runDir']}",
         f"  estimate:      {estimate}",
-        f"  merge:         " + (f"Job {d['mergeJob']} ({d['mergeMemoryGiB']} GiB) -> {d['mergedDir']}" if d["mergeJob"] else "disabled"),
+        "  merge:         " + (f"Job {d['mergeJob']} ({d['mergeMemoryGiB']} GiB) -> {d['mergedDir']}" if d["mergeJob"] else "disabled"),
     ]
     return "\n".join(lines)

@@ -9,7 +9,6 @@ mid-run is replaced as a new attempt only while the budget (spec.backoffLimit) a
 
 from __future__ import annotations
 
-import copy
 import datetime
 import json
 from dataclasses import dataclass, field
@@ -19,7 +18,8 @@ from gemma_operator import failure_policy
 from gemma_operator.children import merge, merge_objects, training, training_objects
 from gemma_operator.plan import FineTunePlan
 from gemma_operator.settings import OperatorSettings
-from gemma_operator.status import condition, parse_time, set_condition, timestamp
+from gemma_operator.lifecycle import Decision, decide_with, set_cond
+from gemma_operator.status import condition, parse_time, timestamp
 from gemma_workloads.config import MergeResult, Progress, TrainResult
 
 RUN_FIELDS = ("progress", "outputs", "startTime", "completionTime", "chipHours", "estimatedCost",
@@ -47,31 +47,12 @@ class FineTuneView:
     stale: list[dict] = field(default_factory=list)  # workloads of earlier runs
 
 
-@dataclass
-class Decision:
-    status: dict[str, Any]
-    create: list[dict] = field(default_factory=list)
-    patch: list[tuple[str, str, dict]] = field(default_factory=list)  # (kind, name, merge patch)
-    delete: list[dict] = field(default_factory=list)
-    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
-
-
 def decide(v: FineTuneView, settings: OperatorSettings) -> Decision:
-    st = copy.deepcopy(v.status or {})
-    d = Decision(st)
-    before = st.get("phase")
-    st["observedGeneration"] = v.generation
-    if v.problems:
-        message = "; ".join(v.problems)
-        _cond(v, st, "InvalidSpec", True, "InvalidSpec", message)
-        _fail(v, st, "InvalidSpec", f"invalid spec: {message}")
-    else:
-        _cond(v, st, "InvalidSpec", False, "Valid", "")
-        _advance(v, d, settings)
-    if st.get("phase") != before or not before:
-        kind = "Warning" if st["phase"] == "Failed" else "Normal"
-        d.events.append((kind, st["phase"], st.get("message") or st["phase"]))
-    return d
+    return decide_with(
+        v,
+        lambda d: _advance(v, d, settings),
+        lambda st, message: _fail(v, st, "InvalidSpec", f"invalid spec: {message}"),
+    )
 
 
 def _advance(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
@@ -235,7 +216,7 @@ def _fail(v: FineTuneView, st: dict, reason: str, message: str) -> None:
 
 
 def _cond(v: FineTuneView, st: dict, type_: str, value: bool, reason: str, message: str) -> None:
-    st["conditions"] = set_condition(st.get("conditions") or [], type_, value, reason, message, v.generation, v.now)
+    set_cond(v, st, type_, value, reason, message)
 
 
 def _progress_dict(step, total, loss, tps) -> dict[str, Any]:

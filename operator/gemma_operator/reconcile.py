@@ -19,6 +19,7 @@ import kopf
 from gemma_operator import api, failure_policy, finetune_flow, metrics, serve_flow
 from gemma_operator.children import common, merge, serving, training
 from gemma_operator.kube import ApiError, Kube
+from gemma_operator.lifecycle import Decision
 from gemma_operator.plan import SpecError, plan_finetune, plan_serve
 from gemma_operator.settings import OperatorSettings
 from gemma_operator.status import diff_patch, now
@@ -170,7 +171,7 @@ class Controller:
 
     # ------------------------------------------------------------------ applying
 
-    async def _apply(self, body: dict, d: finetune_flow.Decision) -> None:
+    async def _apply(self, body: dict, d: Decision) -> None:
         meta = body["metadata"]
         namespace = meta["namespace"]
         for obj in d.delete:

@@ -8,16 +8,14 @@ previous output until the new merge lands, then rolls (maxSurge 0: no spare TPUs
 
 from __future__ import annotations
 
-import copy
 import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
 from gemma_operator.children import serving, serving_objects
-from gemma_operator.finetune_flow import Decision
+from gemma_operator.lifecycle import Decision, decide_with, set_cond
 from gemma_operator.plan import ServePlan
 from gemma_operator.settings import OperatorSettings
-from gemma_operator.status import set_condition
 
 
 @dataclass
@@ -47,21 +45,10 @@ def resolve_model(ref_name: str | None, fine_tune: dict | None, status: dict[str
 
 
 def decide(v: ServeView, settings: OperatorSettings) -> Decision:
-    st = copy.deepcopy(v.status or {})
-    d = Decision(st)
-    before = st.get("phase")
-    st["observedGeneration"] = v.generation
-    if v.problems:
-        message = "; ".join(v.problems)
-        _cond(v, st, "InvalidSpec", True, "InvalidSpec", message)
+    def invalid(st: dict, message: str) -> None:
         st.update(phase="Failed", message=f"invalid spec: {message}")
-    else:
-        _cond(v, st, "InvalidSpec", False, "Valid", "")
-        _advance(v, d, settings)
-    if st.get("phase") != before:
-        kind = "Warning" if st["phase"] == "Failed" else "Normal"
-        d.events.append((kind, st["phase"], st.get("message") or st["phase"]))
-    return d
+
+    return decide_with(v, lambda d: _advance(v, d, settings), invalid)
 
 
 def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
@@ -135,5 +122,4 @@ def _pod_problem(pods: list[dict]) -> str | None:
     return None
 
 
-def _cond(v: ServeView, st: dict, type_: str, value: bool, reason: str, message: str) -> None:
-    st["conditions"] = set_condition(st.get("conditions") or [], type_, value, reason, message, v.generation, v.now)
+_cond = set_cond

@@ -1,0 +1,43 @@
+"""What both lifecycles share: the Decision they return and the skeleton of a decision."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gemma_operator.status import set_condition
+
+
+@dataclass
+class Decision:
+    status: dict[str, Any]
+    create: list[dict] = field(default_factory=list)
+    patch: list[tuple[str, str, dict]] = field(default_factory=list)  # (kind, name, merge patch)
+    delete: list[dict] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+
+
+def set_cond(view: Any, st: dict, type_: str, value: bool, reason: str, message: str) -> None:
+    st["conditions"] = set_condition(st.get("conditions") or [], type_, value, reason, message, view.generation, view.now)
+
+
+def decide_with(view: Any, advance: Callable[[Decision], None], invalid: Callable[[dict, str], None]) -> Decision:
+    """observedGeneration, the InvalidSpec condition, the lifecycle's own step, and an Event
+    (Warning when Failed) whenever the phase changes."""
+    st = copy.deepcopy(view.status or {})
+    d = Decision(st)
+    before = st.get("phase")
+    st["observedGeneration"] = view.generation
+    if view.problems:
+        message = "; ".join(view.problems)
+        set_cond(view, st, "InvalidSpec", True, "InvalidSpec", message)
+        invalid(st, message)
+    else:
+        set_cond(view, st, "InvalidSpec", False, "Valid", "")
+        advance(d)
+    if st.get("phase") != before or not before:
+        kind = "Warning" if st["phase"] == "Failed" else "Normal"
+        d.events.append((kind, st["phase"], st.get("message") or st["phase"]))
+    return d
