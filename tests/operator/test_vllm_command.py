@@ -1,0 +1,109 @@
+"""The vLLM command line: one shape for TPU and CPU, owned flags protected, the key in a Secret."""
+
+from dataclasses import replace
+
+import kubernetes_validate
+import pytest
+
+from gemma_operator.api import SecretKeyRef
+from gemma_operator.children.vllm import COMMAND, VllmLaunch, vllm_container
+
+KEY_REF = SecretKeyRef(name="vllm-key", key="api-key")
+
+
+def launch(**overrides) -> VllmLaunch:
+    base = VllmLaunch(model="/models/merged", served_name="gemma4-31b-ft", device="tpu", tensor_parallel_size=8)
+    return replace(base, **overrides)
+
+
+def test_tpu_command_line_is_the_known_good_one():
+    command, args, env = vllm_container(launch(max_num_batched_tokens=4096))
+    assert command == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert args == [
+        "--model=/models/merged",
+        "--served-model-name=gemma4-31b-ft",
+        "--host=0.0.0.0",
+        "--port=8000",
+        "--max-model-len=4096",
+        "--max-num-seqs=64",
+        "--max-num-batched-tokens=4096",
+        "--gpu-memory-utilization=0.9",
+        "--tensor-parallel-size=8",
+        "--disable-chunked-mm-input",
+    ]
+    assert env == []
+
+
+def test_cpu_differs_from_tpu_only_in_device_flags_and_env():
+    tpu_command, tpu_args, _ = vllm_container(launch())
+    cpu_command, cpu_args, cpu_env = vllm_container(launch(device="cpu", tensor_parallel_size=1, dtype="float32"))
+    tpu_only = ["--tensor-parallel-size=8", "--disable-chunked-mm-input"]
+    cpu_only = ["--dtype=float32", "--enforce-eager"]
+    assert cpu_command == tpu_command
+    assert [a for a in tpu_args if a not in tpu_only] == [a for a in cpu_args if a not in cpu_only]
+    assert set(tpu_only) <= set(tpu_args) and not set(tpu_only) & set(cpu_args)
+    assert set(cpu_only) <= set(cpu_args) and not set(cpu_only) & set(tpu_args)
+    assert cpu_env == [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}]
+
+
+def test_cpu_profile_refuses_tensor_parallelism():
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        launch(device="cpu")
+
+
+def test_optional_batched_tokens_and_extra_args_come_in_order():
+    _, args, _ = vllm_container(launch(extra_args=["--kv-cache-dtype=fp8", "--max-loras", "2"]))
+    assert not any(a.startswith("--max-num-batched-tokens") for a in args)
+    assert args[-3:] == ["--kv-cache-dtype=fp8", "--max-loras", "2"]
+
+
+def test_rendering_is_deterministic_and_returns_fresh_lists():
+    spec = launch(extra_args=["--seed=1"], api_key_secret=KEY_REF)
+    first = vllm_container(spec)
+    first[0].append("mutated")
+    first[1].clear()
+    assert vllm_container(spec) == vllm_container(replace(spec))
+    assert vllm_container(spec)[0] == COMMAND == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+
+
+def test_api_key_comes_from_the_secret_never_from_args():
+    _, args, env = vllm_container(launch(device="cpu", tensor_parallel_size=1, api_key_secret=KEY_REF))
+    assert {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "vllm-key", "key": "api-key"}}} in env
+    assert not any("api-key" in a or "vllm-key" in a for a in args)
+    assert all(e["name"] != "VLLM_API_KEY" for e in vllm_container(launch())[2])
+
+
+@pytest.mark.parametrize(
+    ("extra", "flag"),
+    [
+        (["--port=9000"], "--port"),
+        (["--port", "9000"], "--port"),
+        (["--host=127.0.0.1"], "--host"),
+        (["--model", "/elsewhere"], "--model"),
+        (["--served-model-name=x"], "--served-model-name"),
+        (["--served_model_name=x"], "--served-model-name"),  # vLLM reads _ as -
+        (["--por=9000"], "--port"),  # argparse takes unambiguous prefixes
+        (["--seed=1", "--ho", "x"], "--host"),
+    ],
+)
+def test_extra_args_may_not_override_owned_flags(extra, flag):
+    with pytest.raises(ValueError, match=f"{flag} .*the operator sets it"):
+        vllm_container(launch(extra_args=extra))
+
+
+@pytest.mark.parametrize("extra", [["--api-key=secret"], ["--api_key", "secret"]])
+def test_extra_args_may_not_carry_the_api_key(extra):
+    with pytest.raises(ValueError, match="--api-key must come from a Secret"):
+        vllm_container(launch(extra_args=extra))
+
+
+def test_flags_that_merely_start_like_owned_ones_are_allowed():
+    extra = ["--model-impl=vllm", "--hf-overrides={}", "--model-loader-extra-config={}"]
+    assert vllm_container(launch(extra_args=extra))[1][-3:] == extra
+
+
+def test_rendered_container_is_a_valid_kubernetes_container():
+    command, args, env = vllm_container(launch(device="cpu", tensor_parallel_size=1, api_key_secret=KEY_REF))
+    container = {"name": "vllm", "image": "vllm/vllm-cpu", "command": command, "args": args, "env": env}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "vllm"}, "spec": {"containers": [container]}}
+    kubernetes_validate.validate(pod, "1.34", strict=True)
