@@ -7,7 +7,6 @@ reconciled. Field names are the public contract: add fields, never rename them.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -360,15 +359,21 @@ class VLLM(Model):
     max_num_seqs: Annotated[int, Field(ge=1, le=4096)] = 64
     max_num_batched_tokens: Annotated[int | None, Field(ge=16)] = None
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
-    extra_args: list[str] = Field(default_factory=list)
+    dtype: Annotated[
+        Literal["bfloat16", "float16", "float32"],
+        Field(description="Serving dtype on the cpu profile (TPU serves the checkpoint's dtype)."),
+    ] = "bfloat16"
+    extra_args: Annotated[
+        list[str], Field(description="More vLLM flags; the model, name, host, port and API key are the operator's.")
+    ] = Field(default_factory=list)
     api_key_secret_ref: SecretKeyRef | None = None
 
     @field_validator("extra_args")
     @classmethod
-    def _no_secrets_in_args(cls, args: list[str]) -> list[str]:
-        for arg in args:
-            if re.match(r"^--(api-key|hf-token)\b", arg):
-                raise ValueError(f"{arg.split('=')[0]} must come from a Secret (apiKeySecretRef), not extraArgs")
+    def _no_owned_flags(cls, args: list[str]) -> list[str]:
+        from gemma_operator.children.vllm import check_extra_args
+
+        check_extra_args(tuple(args))
         return args
 
 

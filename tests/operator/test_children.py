@@ -132,7 +132,11 @@ def test_serving_on_v6e8():
     assert "--tensor-parallel-size=8" in c["args"] and "--model=/models/model" in c["args"]
     assert not any("key" in a.lower() for a in c["args"])
     assert {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "key", "key": "token"}}} in c["env"]
-    assert c["startupProbe"]["httpGet"]["path"] == "/v1/models" and c["livenessProbe"]["httpGet"]["path"] == "/health"
+    # With an API key vLLM answers /v1/* with 401: the probes present the key (from the env, never the spec).
+    assert "/v1/models" in c["startupProbe"]["exec"]["command"][2] and "VLLM_API_KEY" in c["startupProbe"]["exec"]["command"][2]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    unkeyed = pod_spec(serving.deployment(plan_serve("s", "ns", serve("s").spec, SETTINGS), SETTINGS, None))["containers"][0]
+    assert unkeyed["startupProbe"]["httpGet"]["path"] == "/v1/models" == unkeyed["readinessProbe"]["httpGet"]["path"]
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     annotations = dep["spec"]["template"]["metadata"]["annotations"]
     assert annotations["gke-gcsfuse/volumes"] == "true"

@@ -6,6 +6,7 @@ from typing import Any
 
 from gemma_operator import api, tpu
 from gemma_operator.children import common
+from gemma_operator.children.vllm import API_KEY_ENV, VllmLaunch, vllm_container
 from gemma_operator.models import PRESETS
 from gemma_operator.plan import ServePlan
 from gemma_operator.settings import OperatorSettings
@@ -69,34 +70,31 @@ def _model_delivery(plan: ServePlan) -> tuple[str, list[dict], list[dict], dict[
     return uri, [], [], {}
 
 
-def _vllm_args(plan: ServePlan, model: str) -> list[str]:
+def launch(plan: ServePlan, model: str) -> VllmLaunch:
     v = plan.spec.vllm
-    args = [
-        f"--model={model}",
-        f"--served-model-name={plan.served_name}",
-        "--host=0.0.0.0",
-        f"--port={PORT}",
-        f"--max-model-len={v.max_model_len}",
-        f"--max-num-seqs={v.max_num_seqs}",
-    ]
-    if v.max_num_batched_tokens:
-        args.append(f"--max-num-batched-tokens={v.max_num_batched_tokens}")
-    if plan.placement.slice is not None:
-        args += [
-            f"--tensor-parallel-size={plan.tensor_parallel}",
-            f"--gpu-memory-utilization={v.gpu_memory_utilization}",
-            "--disable-chunked-mm-input",  # Gemma 4's 256/512-wide heads break chunked prefill
-        ]
-    return args + list(v.extra_args)
+    return VllmLaunch(
+        model=model, served_name=plan.served_name, device="cpu" if plan.placement.slice is None else "tpu",
+        tensor_parallel_size=plan.tensor_parallel, max_model_len=v.max_model_len, max_num_seqs=v.max_num_seqs,
+        max_num_batched_tokens=v.max_num_batched_tokens, gpu_memory_utilization=v.gpu_memory_utilization,
+        dtype=v.dtype, port=PORT, extra_args=tuple(v.extra_args), api_key_secret=v.api_key_secret_ref,
+    )  # fmt: skip
+
+
+def _probe(path: str, api_key: bool) -> dict[str, Any]:
+    """An HTTP probe; with an API key vLLM answers /v1/* with 401, so the probe presents the key."""
+    if not api_key or not path.startswith("/v1/"):
+        return {"httpGet": {"path": path, "port": PORT}}
+    script = ("import os, urllib.request as r; r.urlopen(r.Request('http://127.0.0.1:%d%s', headers={'Authorization': "
+              "'Bearer ' + os.environ['%s']}), timeout=5)" % (PORT, path, API_KEY_ENV))  # fmt: skip
+    return {"exec": {"command": ["python3", "-c", script]}}
 
 
 def deployment(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict[str, Any]:
     model_arg, volumes, mounts, annotations = _model_delivery(plan)
     shm, shm_mount = common.shm_volume()
     store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
-    env: list[dict] = []
-    if plan.spec.vllm.api_key_secret_ref:
-        env.append(common.secret_env("VLLM_API_KEY", plan.spec.vllm.api_key_secret_ref))
+    command, args, env = vllm_container(launch(plan, model_arg))
+    keyed = plan.spec.vllm.api_key_secret_ref is not None
     if plan.spec.model.hf_token_secret_ref:
         env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
     r = settings.resources
@@ -111,17 +109,16 @@ def deployment(plan: ServePlan, settings: OperatorSettings, owner: dict | None) 
     container = {
         "name": CONTAINER,
         "image": plan.image,
-        "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
-        "args": _vllm_args(plan, model_arg),
+        "command": command,
+        "args": args,
         "env": env,
         "ports": [{"containerPort": PORT, "name": "http"}],
         "resources": resources,
         "volumeMounts": [*mounts, shm_mount, *store_mounts],
         # /health answers before the model is loaded; /v1/models only once it is served.
-        "startupProbe": {"httpGet": {"path": "/v1/models", "port": PORT}, "periodSeconds": 10,
-                         "failureThreshold": budget // 10},
-        "readinessProbe": {"httpGet": {"path": "/v1/models", "port": PORT}, "periodSeconds": 10, "failureThreshold": 3},
-        "livenessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 30, "failureThreshold": 5},
+        "startupProbe": {**_probe("/v1/models", keyed), "periodSeconds": 10, "failureThreshold": budget // 10},
+        "readinessProbe": {**_probe("/v1/models", keyed), "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 5},
+        "livenessProbe": {**_probe("/health", keyed), "periodSeconds": 30, "failureThreshold": 5, "timeoutSeconds": 5},
         "securityContext": dict(common.RESTRICTED_CONTAINER),
     }  # fmt: skip
     pod_spec = common.place(
