@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     controller = Controller(_kube_from_environment(), settings, args.namespace)
     registry = kopf.OperatorRegistry()
     register(registry, controller)
+    # A registry of our own has none of kopf's default login handlers: log in as our client does.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: object) -> None:

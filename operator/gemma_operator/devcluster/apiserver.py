@@ -190,6 +190,7 @@ class ApiServer(kmock.KubernetesScaffold):
     pod_logs: dict[tuple[str, str], str] = attrs.field(factory=dict, init=False)
     calls: collections.Counter = attrs.field(factory=collections.Counter, init=False)
     _kinds: dict[kmock.resource, Kind] = attrs.field(factory=dict, init=False)
+    _verbs: dict[Any, Any] = attrs.field(factory=dict, init=False)
     _rv: int = attrs.field(default=1, init=False)
     _lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
     _history: collections.deque = attrs.field(factory=lambda: collections.deque(maxlen=HISTORY), init=False)
@@ -199,12 +200,24 @@ class ApiServer(kmock.KubernetesScaffold):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        self.fallback[kmock.action.LIST] << self._list
-        self.fallback[kmock.action.WATCH] << self._watch
-        self.fallback[kmock.action.FETCH] << self._fetch
-        self.fallback[kmock.action.CREATE] << self._create
-        self.fallback[kmock.action.UPDATE] << self._patch
-        self.fallback[kmock.action.DELETE] << self._delete
+        self._verbs = {
+            kmock.action.LIST: self._list, kmock.action.WATCH: self._watch, kmock.action.FETCH: self._fetch,
+            kmock.action.CREATE: self._create, kmock.action.UPDATE: self._patch, kmock.action.DELETE: self._delete,
+        }  # fmt: skip
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        """Resource requests go straight to the store; kmock's general-purpose matching of
+        reactions (about 16 ms a request) serves discovery only. kmock also keeps every request
+        it served: keep the last few, or a long-running cluster grows without bound."""
+        del self._requests[:-1000]
+        handler = self._verbs.get(request.action) if request.resource is not None and request.resource in self._kinds else None
+        if handler is None:
+            return await super()._handle(request)
+        result = handler(request)
+        if not hasattr(result, "__aiter__"):  # watches stream; every other verb answers once
+            result = await result
+        response = result if isinstance(result, kmock.Response) else kmock.Response(payload=result)
+        return await response(request)
 
     # ------------------------------------------------------------------ registry
 

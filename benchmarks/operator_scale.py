@@ -1,0 +1,167 @@
+"""How the operator scales: N GemmaFineTunes at once against the in-process Kubernetes API.
+
+The API server runs in this process; the operator runs as `gemma-tpu operator` in its own
+process (as in a cluster), so its memory is measured alone. Prints the time until every training
+Job exists, the create->Job latency percentiles, the operator's peak RSS, and, in the same run, a
+bare client creating the same ConfigMap + Job pairs itself (the API's own limit).
+
+    python benchmarks/operator_scale.py --count 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import kmock
+import psutil
+import yaml
+
+from gemma_operator.children import training_objects
+from gemma_operator.devcluster.apiserver import ApiServer
+from gemma_operator.kube import Kube
+from gemma_operator.plan import plan_finetune
+from gemma_operator.settings import OperatorSettings
+
+
+def fine_tune(name: str, namespace: str) -> dict:
+    return {
+        "apiVersion": "gemma-tpu.dev/v1alpha1", "kind": "GemmaFineTune",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"model": {"uri": "gs://models/gemma-4-31B-it", "preset": "gemma4-31b"},
+                 "dataset": {"uri": "gs://data/train.jsonl", "maxSeqLen": 3072},
+                 "output": {"uri": f"gs://out/{name}"}, "training": {"steps": 1000},
+                 "lora": {"rank": 64, "alpha": 64}, "tpu": {"accelerator": "v5p", "topology": "2x2x1"}},
+    }  # fmt: skip
+
+
+class Timed(ApiServer):
+    """Notes when each object is created, to measure create -> child latency."""
+
+    created: dict[tuple[str, str], float]
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.created = {}
+
+    async def _create(self, request):  # noqa: ANN001
+        response = await super()._create(request)
+        meta = response.payload["metadata"]
+        self.created[(request.resource.plural, meta["name"])] = time.perf_counter()
+        return response
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def create_all(kube: Kube, objects: list[dict], concurrency: int) -> None:
+    queue = list(objects)
+
+    async def worker() -> None:
+        while queue:
+            await kube.create(queue.pop())
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) -> dict:
+    url = str(api.url).rstrip("/")
+    kubeconfig = workdir / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "bench",
+        "clusters": [{"name": "bench", "cluster": {"server": url}}],
+        "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}],
+        "users": [{"name": "bench", "user": {"token": "bench"}}],
+    }))  # fmt: skip
+    settings = workdir / "settings.yaml"
+    settings.write_text(yaml.safe_dump({"progress_poll_seconds": 3600}))  # measure events, not polling
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gemma_operator.cli", "operator", "--standalone", "--liveness", "",
+         "--metrics-port", "0", "--settings", str(settings)],
+        env=env, stdout=subprocess.DEVNULL, stderr=(workdir / "operator.log").open("w"),
+    )  # fmt: skip
+    peak = 0
+    kube = Kube.from_url(url)
+    try:
+        ps = psutil.Process(proc.pid)
+        await asyncio.sleep(3)  # let kopf log in and start its watches
+        baseline_rss = ps.memory_info().rss
+        crs = [fine_tune(f"ft-{i:05d}", "bench") for i in range(count)]
+        start = time.perf_counter()
+        await create_all(kube, crs, concurrency)
+        created = time.perf_counter() - start
+        while sum(1 for (plural, _) in api.created if plural == "jobs") < count:
+            peak = max(peak, ps.memory_info().rss)
+            if proc.poll() is not None:
+                raise RuntimeError("the operator exited:\n" + (workdir / "operator.log").read_text()[-3000:])
+            await asyncio.sleep(0.05)
+        total = time.perf_counter() - start
+        peak = max(peak, ps.memory_info().rss)
+    finally:
+        proc.terminate()  # the API server shares this loop: keep serving while kopf shuts down
+        for _ in range(600):
+            if proc.poll() is not None:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            proc.kill()
+    latencies = []
+    for (plural, name), t in api.created.items():
+        if plural == "jobs":
+            cr = name.rsplit("-train-", 1)[0]
+            latencies.append(t - api.created[("gemmafinetunes", cr)])
+    return {"created_s": created, "total_s": total, "latencies": latencies, "rss_idle": baseline_rss, "rss_peak": peak}
+
+
+async def run_bare(api: Timed, count: int, concurrency: int) -> dict:
+    """A client that creates what the operator would, with no reconciling: the API's ceiling."""
+    kube = Kube.from_url(str(api.url))
+    settings = OperatorSettings()
+    objects = []
+    for i in range(count):
+        cr = fine_tune(f"bare-{i:05d}", "bare")
+        p = plan_finetune(cr["metadata"]["name"], "bare", cr["spec"], settings)
+        objects += training_objects(p, settings)
+    start = time.perf_counter()
+    queue = [objects[i : i + 2] for i in range(0, len(objects), 2)]
+
+    async def worker() -> None:
+        while queue:
+            for obj in queue.pop():
+                await kube.create(obj)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return {"total_s": time.perf_counter() - start}
+
+
+async def main(count: int, concurrency: int) -> None:
+    async with Timed() as api, kmock.Server(api):
+        api.register_defaults()
+        with tempfile.TemporaryDirectory() as tmp:
+            op = await run_operator(api, count, concurrency, Path(tmp))
+        bare = await run_bare(api, count, concurrency)
+    lat = op["latencies"]
+    print(f"GemmaFineTunes:                 {count} (created by {concurrency} concurrent clients)")
+    print(f"operator: all training Jobs in  {op['total_s']:.2f} s ({count / op['total_s']:.0f} CRs/s; CR creation took {op['created_s']:.2f} s)")
+    print(f"operator: create->Job latency   p50 {statistics.median(lat) * 1000:.0f} ms, p99 {percentile(lat, 0.99) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms")
+    print(f"operator: RSS                   {op['rss_idle'] / 2**20:.0f} MiB idle, {op['rss_peak'] / 2**20:.0f} MiB peak")
+    print(f"bare client: same objects in    {bare['total_s']:.2f} s ({count / bare['total_s']:.0f} pairs/s)")
+    print(f"ratio operator/bare (time):     {op['total_s'] / bare['total_s']:.2f}x")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+    asyncio.run(main(args.count, args.concurrency))
