@@ -104,8 +104,11 @@ def _training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
         return
 
     outcome = failure_policy.outcome(wl)
-    if outcome.state in ("Pending", "Running", "Suspended") and bool(wl["spec"].get("suspend")) != p.spec.suspend:
-        d.patch.append((wl["kind"], wl["metadata"]["name"], {"spec": {"suspend": p.spec.suspend}}))
+    wish = str(p.spec.suspend).lower()
+    asked = (wl["metadata"].get("annotations") or {}).get(training.SUSPEND_ANNOTATION)
+    if outcome.state in ("Pending", "Running", "Suspended") and asked != wish:
+        d.patch.append((wl["kind"], wl["metadata"]["name"], {
+            "spec": {"suspend": p.spec.suspend}, "metadata": {"annotations": {training.SUSPEND_ANNOTATION: wish}}}))  # fmt: skip
     budget_left = _budget(wl)
     st["restarts"] = max(int(st.get("restarts") or 0), p.spec.backoff_limit - budget_left + outcome.restarts)
     st["preemptions"] = max(int(st.get("preemptions") or 0), outcome.preemptions,
@@ -126,8 +129,10 @@ def _training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
             _succeed(v, st, "training finished (merge disabled)")
     elif outcome.state == "Failed":
         _fail(v, st, outcome.reason or "TrainingFailed", _failure_message(v.training_pods, outcome))
-    elif p.spec.suspend or outcome.state == "Suspended":
+    elif p.spec.suspend:
         st.update(phase="Suspended", message="suspended: checkpoints are kept and training resumes from the latest")
+    elif outcome.state == "Suspended":  # suspended by its queue (Kueue) until admitted
+        st.update(phase="Pending", message=f"queued: {wl['kind']} {name} waits for admission")
     elif outcome.state == "Running":
         st.setdefault("startTime", timestamp(v.now))
         st["phase"] = "Training"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ import kubernetes
 from kubernetes.client.rest import ApiException
 
 from gemma_operator import api
+from gemma_operator.status import diff_patch
 
 
 @dataclass(frozen=True)
@@ -158,26 +160,39 @@ class Kube:
         })  # fmt: skip
 
     async def ensure(self, obj: dict, mutable: tuple[str, ...] = ()) -> dict:
-        """Create the object, or bring the `mutable` top-level spec fields of an existing one in
-        line (Job templates are immutable; Deployments take any spec change)."""
+        """Create the object, or re-apply its `mutable` spec fields when what we want of them
+        changed since we last applied them. The hash of the wanted fields is kept in an
+        annotation, so defaults the API server adds, and changes other controllers make (Kueue
+        suspending a Job, an HPA scaling a Deployment), are not fought over."""
+        want = {k: obj["spec"][k] for k in mutable if k in obj.get("spec", {})}
+        meta = obj["metadata"]
+        if want:
+            meta.setdefault("annotations", {})[APPLIED_ANNOTATION] = _hash(want)
         try:
             return await self.create(obj)
         except ApiError as e:
             if e.status != 409:
                 raise
-        meta = obj["metadata"]
         current = await self.get(obj["kind"], meta["namespace"], meta["name"])
         if current is None:  # deleted in between: the next reconcile creates it
             raise ApiError(409, "Conflict", f"{obj['kind']} {meta['name']} is being deleted")
-        want = {k: obj["spec"][k] for k in mutable if k in obj.get("spec", {})}
         patch: dict[str, Any] = {}
-        if any(current.get("spec", {}).get(k) != v for k, v in want.items()):
-            patch["spec"] = want
+        current_meta = current["metadata"]
+        if want and (current_meta.get("annotations") or {}).get(APPLIED_ANNOTATION) != _hash(want):
+            patch["spec"] = diff_patch({k: current.get("spec", {}).get(k) for k in want}, want)
+            patch["metadata"] = {"annotations": {APPLIED_ANNOTATION: _hash(want)}}
         if obj.get("data") is not None and current.get("data") != obj["data"]:
             patch["data"] = obj["data"]
         labels = meta.get("labels") or {}
-        if any((current["metadata"].get("labels") or {}).get(k) != v for k, v in labels.items()):
-            patch["metadata"] = {"labels": labels}
+        if any((current_meta.get("labels") or {}).get(k) != v for k, v in labels.items()):
+            patch.setdefault("metadata", {})["labels"] = labels
         if not patch:
             return current
         return await self.patch(obj["kind"], meta["namespace"], meta["name"], patch)
+
+
+APPLIED_ANNOTATION = f"{api.GROUP}/applied-spec"
+
+
+def _hash(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]

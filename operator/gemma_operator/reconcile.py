@@ -27,8 +27,9 @@ from gemma_workloads.config import Progress
 
 log = logging.getLogger("gemma_operator")
 
-# Spec fields brought back in line when a child drifts (Job templates are immutable).
-MUTABLE = {"ConfigMap": (), "Job": ("suspend",), "JobSet": ("suspend",),
+# Spec fields re-applied when what the CR wants of them changes (Job templates are immutable;
+# a Job's suspend is the lifecycle's business).
+MUTABLE = {"ConfigMap": (), "Job": (), "JobSet": (),
            "Deployment": ("replicas", "template", "strategy", "progressDeadlineSeconds"),
            "Service": ("ports", "selector", "type")}  # fmt: skip
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"

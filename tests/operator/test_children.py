@@ -49,7 +49,7 @@ def test_multi_host_v5p16_is_a_jobset_gang():
     p = ft_plan(finetune("ft").tpu("v5p", "2x2x2").training(microBatchSize=2))
     js = training.workload(p, SETTINGS, OWNER)
     assert js["apiVersion"] == "jobset.x-k8s.io/v1alpha2" and js["kind"] == "JobSet"
-    assert js["metadata"]["annotations"] == {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
+    assert js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
     assert js["spec"]["network"] == {"enableDNSHostnames": True, "publishNotReadyAddresses": True}
     [rj] = js["spec"]["replicatedJobs"]
     job_spec = rj["template"]["spec"]

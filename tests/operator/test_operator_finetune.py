@@ -214,3 +214,24 @@ async def test_deletion_collects_children_and_leaves_artifacts(operator, cluster
     assert await cluster.get("ConfigMap", NS, train_name) is None
     assert (out / "keep.txt").read_text() == "artifact"
     assert ("delete", "batch", "jobs") not in cluster.api.calls, "children go by ownership, not by the operator"
+
+
+async def test_a_queue_suspending_the_job_is_not_overridden(operator, cluster):
+    b = finetune("queued").tpu("v5p").label("kueue.x-k8s.io/queue-name", "tpu-v5p")
+    _, train_name, _ = names(b)
+    await cluster.apply(b.obj())
+    job = await cluster.job(NS, train_name)
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "tpu-v5p"
+    await cluster.kube.patch("Job", NS, train_name, {"spec": {"suspend": True}})  # Kueue, until admitted
+    ft = await cluster.wait_for(lambda: _message_has(cluster, "queued", "queued"), message="queued")
+    assert ft["status"]["phase"] == "Pending"
+    await asyncio.sleep(0.5)
+    assert (await cluster.get("Job", NS, train_name))["spec"]["suspend"] is True, "admission is the queue's call"
+    await cluster.kube.patch("Job", NS, train_name, {"spec": {"suspend": False}})  # admitted
+    await cluster.job_running(NS, train_name)
+    await cluster.phase("GemmaFineTune", NS, "queued", "Training")
+
+
+async def _message_has(cluster, name, text):
+    ft = await cluster.get("GemmaFineTune", NS, name)
+    return ft if text in (ft.get("status") or {}).get("message", "") else None

@@ -16,7 +16,8 @@ CONTAINER = "merge"
 
 
 def name(plan: FineTunePlan) -> str:
-    return common.child_name(plan.name, "merge", plan.merge_id)
+    """One merge per run and merge settings: a new run never finds an earlier run's merge."""
+    return common.child_name(plan.name, "merge", plan.run, plan.merge_id)
 
 
 def _labels(plan: FineTunePlan) -> dict[str, str]:

@@ -18,6 +18,9 @@ from gemma_operator.settings import OperatorSettings
 CONTAINER = "trainer"
 JAX_COORDINATOR_PORT = 8471
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+# What the CR last asked of spec.suspend. Kueue suspends and resumes workloads itself; the
+# operator only changes spec.suspend when the CR's own wish changes.
+SUSPEND_ANNOTATION = f"{common.PREFIX}/suspend"
 
 
 def names(plan: FineTunePlan, attempt: int = 1) -> tuple[str, str]:
@@ -84,6 +87,7 @@ def workload(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None,
     """The Job (single host) or JobSet (multi-host) that trains."""
     name, cm_name = names(plan, attempt)
     meta = common.metadata(name, plan.namespace, _labels(plan), owner)
+    meta["annotations"] = {SUSPEND_ANNOTATION: str(plan.spec.suspend).lower()}
     if plan.queue:
         meta["labels"][common.QUEUE_LABEL] = plan.queue
     template = pod_template(plan, settings, cm_name)
@@ -100,7 +104,7 @@ def workload(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None,
             },
         }
     hosts = plan.placement.hosts
-    meta["annotations"] = {EXCLUSIVE_TOPOLOGY: tpu.NODE_POOL_LABEL}
+    meta["annotations"][EXCLUSIVE_TOPOLOGY] = tpu.NODE_POOL_LABEL
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
