@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gemma_operator import fit
-from gemma_operator.children import merge, serving, training
+from gemma_operator.children import merge, model_delivery, serving, training
 from gemma_operator.plan import FineTunePlan, ServePlan
 
 
@@ -33,8 +33,8 @@ def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:
         return {
             "kind": "GemmaServe", "name": p.name, "namespace": p.namespace, "slice": _slice(p),
             "modelUri": p.model_uri, "servedModelName": p.served_name, "tensorParallel": p.tensor_parallel,
-            "hbmPerChip": _memory(p.memory), "image": p.image, "deployment": serving.name(p),
-            "startupBudgetSeconds": serving.startup_budget_seconds(p),
+            "hbmPerChip": _memory(p.memory), "image": p.image, "workload": f"{'LeaderWorkerSet' if p.multi_host else 'Deployment'} {serving.name(p)}",
+            "startupBudgetSeconds": p.startup_seconds, **model_delivery.describe(p),
         }  # fmt: skip
     est = p.estimate
     return {
@@ -73,7 +73,8 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
             f"  vLLM:          tensor parallel {d['tensorParallel']}, image {d['image']}",
             f"  HBM per chip:  {hbm}",
             f"  startup:       up to {d['startupBudgetSeconds'] // 60} min for loading and XLA compilation",
-            f"  deployment:    {d['deployment']}",
+            f"  workload:      {d['workload']}",
+            f"  compile cache: {d['compileCache'] or 'none (every restart compiles again)'}",
         ]
         return "\n".join(lines)
     est = d["estimate"]

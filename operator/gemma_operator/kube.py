@@ -43,8 +43,11 @@ KINDS: dict[str, KindInfo] = {
     "ConfigMap": _kind("v1", "configmaps", "get", "create", "patch"),
     "Job": _kind("batch/v1", "jobs", "get", "list", "watch", "create", "patch", "delete"),
     "JobSet": _kind("jobset.x-k8s.io/v1alpha2", "jobsets", "get", "list", "watch", "create", "patch", "delete"),
-    "Deployment": _kind("apps/v1", "deployments", "get", "list", "watch", "create", "patch"),
+    "Deployment": _kind("apps/v1", "deployments", "get", "list", "watch", "create", "patch", "delete"),
     "Service": _kind("v1", "services", "get", "create", "patch"),
+    "LeaderWorkerSet": _kind("leaderworkerset.x-k8s.io/v1", "leaderworkersets", "get", "list", "watch", "create", "patch", "delete"),
+    "HorizontalPodAutoscaler": _kind("autoscaling/v2", "horizontalpodautoscalers", "get", "create", "patch", "delete"),
+    "PodMonitor": _kind("monitoring.coreos.com/v1", "podmonitors", "get", "create", "patch", "delete"),
     "Pod": _kind("v1", "pods", "list"),
     "Event": _kind("v1", "events", "create"),
 }

@@ -378,6 +378,19 @@ def _merge_memory_gib(shape: ModelShape | None, spec: api.GemmaFineTuneSpec, wor
 
 # ---------------------------------------------------------------------------- serve
 
+# A first start of 31B on v6e-8 compiles for about 8 minutes, 10 with the download (seed paper).
+MIN_STARTUP_SECONDS = {"gemma4-31b": 600, "gemma4-26b-a4b": 600}
+
+
+def default_startup_seconds(place: Placement, shape: ModelShape | None) -> int:
+    """Loading plus XLA compilation grows with the model: 5 minutes plus 20 s per billion
+    parameters (15 minutes for 31B), 30 minutes when the size is unknown, 10 on CPU."""
+    if place.slice is None:
+        return 600
+    if shape is None:
+        return 1800
+    return max(600, int(300 + 20 * shape.params / 1e9))
+
 
 @dataclass(frozen=True)
 class ServePlan:
@@ -393,6 +406,11 @@ class ServePlan:
     image: str
     service_account: str | None
     queue: str | None
+    startup_seconds: int
+
+    @property
+    def multi_host(self) -> bool:
+        return self.placement.hosts > 1
 
     @property
     def revision(self) -> str:
@@ -416,8 +434,6 @@ def plan_serve(
     problems: list[str] = []
     node_pool = settings.serving_node_pools.get(spec.tpu.topology or "2x4") if spec.tpu.accelerator == "v6e" else None
     place = placement(spec.tpu, node_pool=node_pool)
-    if place.hosts > 1:
-        problems.append(f"spec.tpu.topology: {place.label} spans {place.hosts} hosts; serving runs on one host per replica")
     preset = spec.model.preset or infer_preset(spec.model.hf_repo) or fine_tune_preset
     shape = PRESETS.get(preset) if preset else None
     tp = place.chips or 1
@@ -436,6 +452,12 @@ def plan_serve(
                 f"(TP {tp}, maxModelLen {spec.vllm.max_model_len}); use a larger topology or a shorter maxModelLen"
             )
     problems += _check_paths({"spec.model.uri": spec.model.uri}, spec.storage, place.accelerator)
+    startup = spec.startup_timeout_seconds or default_startup_seconds(place, shape)
+    if shape is not None and place.slice is not None and startup < MIN_STARTUP_SECONDS.get(shape.preset, 0):
+        problems.append(
+            f"spec.startupTimeoutSeconds: {startup} is too short for {shape.preset}: loading and XLA compilation "
+            f"take up to {MIN_STARTUP_SECONDS[shape.preset] // 60} minutes on a first start"
+        )
     if problems:
         raise SpecError(problems)
     uri = spec.model.uri or (f"hf://{spec.model.hf_repo}" if spec.model.hf_repo else model_uri)
@@ -453,4 +475,5 @@ def plan_serve(
         image=image,
         service_account=spec.service_account_name or settings.workload_service_account,
         queue=(labels or {}).get("kueue.x-k8s.io/queue-name") or settings.kueue_queue,
+        startup_seconds=startup,
     )

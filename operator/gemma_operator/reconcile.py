@@ -31,7 +31,11 @@ log = logging.getLogger("gemma_operator")
 # a Job's suspend is the lifecycle's business).
 MUTABLE = {"ConfigMap": (), "Job": (), "JobSet": (),
            "Deployment": ("replicas", "template", "strategy", "progressDeadlineSeconds"),
-           "Service": ("ports", "selector", "type")}  # fmt: skip
+           "LeaderWorkerSet": ("replicas", "leaderWorkerTemplate", "rolloutStrategy"),
+           "Service": ("ports", "selector", "type"),
+           "HorizontalPodAutoscaler": ("scaleTargetRef", "minReplicas", "maxReplicas", "metrics", "behavior"),
+           "PodMonitor": ("selector", "podMetricsEndpoints")}  # fmt: skip
+SERVING_KINDS = ("Deployment", "LeaderWorkerSet", "HorizontalPodAutoscaler", "PodMonitor")
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
@@ -117,6 +121,15 @@ class Controller:
                 view.stale += [{**w, "kind": stale_kind} for w in await self._list_or_empty(stale_kind, namespace, selector)]
         return view
 
+    async def _get_or_none(self, kind: str, namespace: str, name: str) -> dict | None:
+        """GET, treating a kind the cluster does not serve (no LWS or Prometheus CRDs) as absent."""
+        try:
+            return await self.kube.get(kind, namespace, name)
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
     async def _list_or_empty(self, kind: str, namespace: str, selector: str) -> list[dict]:
         try:
             return await self.kube.list(kind, namespace, selector)
@@ -162,8 +175,14 @@ class Controller:
             fine_tune_name=ref, fine_tune=fine_tune,
         )  # fmt: skip
         if plan is not None and plan.model_uri:
-            view.deployment = await self.kube.get("Deployment", namespace, serving.name(plan))
-            if view.deployment is not None:
+            wanted = "LeaderWorkerSet" if plan.multi_host else "Deployment"
+            for kind in SERVING_KINDS:
+                obj = await self._get_or_none(kind, namespace, serving.name(plan))
+                if obj is not None and kind == wanted:
+                    view.workload = obj
+                elif obj is not None:
+                    view.extras.append(obj)
+            if view.workload is not None:
                 sel = ",".join(f"{k}={v}" for k, v in serving.selector(plan).items())
                 view.pods = await self.kube.list("Pod", namespace, sel)
         decision = serve_flow.decide(view, self.settings)
@@ -252,7 +271,7 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
             await controller.reconcile(owner[0], namespace, owner[1])
 
     for group, version, plural in (("batch", "v1", "jobs"), ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
-                                   ("apps", "v1", "deployments")):  # fmt: skip
+                                   ("apps", "v1", "deployments"), ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")):  # fmt: skip
         kopf.on.event(group, version, plural, labels=managed, id=f"child-{plural}", registry=registry)(child_event)
 
     @kopf.on.startup(registry=registry)

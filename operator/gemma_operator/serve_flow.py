@@ -30,7 +30,8 @@ class ServeView:
     now: datetime.datetime
     fine_tune_name: str | None = None
     fine_tune: dict | None = None  # the referenced GemmaFineTune, when found
-    deployment: dict | None = None
+    workload: dict | None = None  # the Deployment or LeaderWorkerSet the plan wants
+    extras: list[dict] = field(default_factory=list)  # other serving children that exist now
     pods: list[dict] = field(default_factory=list)
 
 
@@ -66,23 +67,29 @@ def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
     else:
         _cond(v, st, "ModelReady", True, "Resolved", p.model_uri)
     d.create += serving_objects(p, settings, v.owner)
-    st.update(modelUri=p.model_uri, servedModelName=p.served_name, endpoint=serving.endpoint(p), replicas=p.spec.replicas)
+    wanted = {(o["kind"], o["metadata"]["name"]) for o in d.create}
+    d.delete += [o for o in v.extras if (o["kind"], o["metadata"]["name"]) not in wanted]  # e.g. autoscaling removed
+    st.update(modelUri=p.model_uri, servedModelName=p.served_name, endpoint=serving.endpoint(p))
 
-    dep = v.deployment
-    if dep is None:
+    wl = v.workload
+    replicas = p.spec.replicas if p.spec.autoscaling is None else max(p.spec.autoscaling.min_replicas,
+                                                                      int(((wl or {}).get("spec") or {}).get("replicas") or 0))  # fmt: skip
+    st["replicas"] = replicas
+    if wl is None:
         st.update(phase="Deploying", message=f"creating {serving.name(p)}", readyReplicas=0, updatedReplicas=0)
         return
-    ds = dep.get("status") or {}
-    ready, updated = int(ds.get("readyReplicas") or 0), int(ds.get("updatedReplicas") or 0)
+    ws = wl.get("status") or {}
+    ready, updated = int(ws.get("readyReplicas") or 0), int(ws.get("updatedReplicas") or 0)
     st.update(readyReplicas=ready, updatedReplicas=updated)
-    template_rev = ((dep["spec"]["template"].get("metadata") or {}).get("annotations") or {}).get(serving.REVISION_ANNOTATION)
-    current = template_rev == p.revision and int(ds.get("observedGeneration") or 0) >= int(dep["metadata"].get("generation") or 1)
-    replicas = p.spec.replicas
-    progressing = next((c for c in ds.get("conditions") or [] if c.get("type") == "Progressing"), {})
+    template_rev = (serving.pod_template(wl).get("metadata") or {}).get("annotations", {}).get(serving.REVISION_ANNOTATION)
+    observed = wl["kind"] != "Deployment" or int(ws.get("observedGeneration") or 0) >= int(wl["metadata"].get("generation") or 1)
+    current = template_rev == p.revision and observed
+    progressing = next((c for c in ws.get("conditions") or [] if c.get("type") == "Progressing"), {})
     _cond(v, st, "Available", ready > 0, "MinimumReplicasAvailable" if ready else "NoReplicaReady", f"{ready}/{replicas} ready")
     if current and progressing.get("status") == "False" and progressing.get("reason") == "ProgressDeadlineExceeded":
         why = _pod_problem(v.pods) or progressing.get("message", "")
         _cond(v, st, "Progressing", False, "ProgressDeadlineExceeded", why)
+        _cond(v, st, "Ready", False, "ProgressDeadlineExceeded", why)
         if ready:
             st.update(phase="Deploying", message=f"rollout of revision {p.revision} is stuck ({why}); {ready} replica(s) of the previous revision still serve")
         else:

@@ -65,6 +65,11 @@ class OperatorSettings(_Settings):
         description="Node pool per v6e topology (e.g. '2x4': a ct6e-standard-8t pool), since "
         "2x4 also matches the two-host ct6e-standard-4t shape.",
     )
+    serving_multihost_script: str = Field(
+        # Ships in the vLLM-TPU image (the LWS vLLM-TPU example runs it); starts or joins Ray.
+        default="/workspace/vllm/examples/online_serving/multi-node-serving.sh",
+        description="Script in the serving image that starts a Ray leader or joins it as a worker.",
+    )
     workload_service_account: str | None = Field(
         default=None, description="ServiceAccount for workload pods when a CR names none."
     )

@@ -3,11 +3,11 @@
 import json
 
 from gemma_operator import failure_policy
-from gemma_operator.children import common, merge, serving, training
-from gemma_operator.plan import plan_finetune, plan_serve
+from gemma_operator.children import common, merge, training
+from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import MergeConfig, TrainConfig
-from tests.support.builders import finetune, serve
+from tests.support.builders import finetune
 from tests.support.validation import validate_object
 
 SETTINGS = OperatorSettings()
@@ -120,29 +120,3 @@ def test_merge_job_runs_on_cpu_sized_from_the_model():
     assert c["resources"]["limits"]["memory"] == f"{p.merge_memory_gib}Gi" and 4 < p.merge_memory_gib < 16
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     validate_object(job)
-
-
-def test_serving_on_v6e8():
-    p = plan_serve("s", "ns", serve("s").set("vllm", {"apiKeySecretRef": {"name": "key"}}).spec, SETTINGS)
-    dep = serving.deployment(p, SETTINGS, None)
-    spec = pod_spec(dep)
-    [c] = spec["containers"]
-    assert c["resources"]["limits"]["google.com/tpu"] == "8"
-    assert spec["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "2x4"
-    assert "--tensor-parallel-size=8" in c["args"] and "--model=/models/model" in c["args"]
-    assert not any("key" in a.lower() for a in c["args"])
-    assert {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "key", "key": "token"}}} in c["env"]
-    # With an API key vLLM answers /v1/* with 401: the probes present the key (from the env, never the spec).
-    assert "/v1/models" in c["startupProbe"]["exec"]["command"][2] and "VLLM_API_KEY" in c["startupProbe"]["exec"]["command"][2]
-    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
-    unkeyed = pod_spec(serving.deployment(plan_serve("s", "ns", serve("s").spec, SETTINGS), SETTINGS, None))["containers"][0]
-    assert unkeyed["startupProbe"]["httpGet"]["path"] == "/v1/models" == unkeyed["readinessProbe"]["httpGet"]["path"]
-    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
-    annotations = dep["spec"]["template"]["metadata"]["annotations"]
-    assert annotations["gke-gcsfuse/volumes"] == "true"
-    [vol] = [v for v in spec["volumes"] if v["name"] == "model"]
-    assert vol["csi"]["volumeAttributes"] == {"bucketName": "models", "mountOptions": "implicit-dirs,only-dir=merged"}
-    svc = serving.service(p, None)
-    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
-    for obj in (dep, svc):
-        validate_object(obj)

@@ -101,3 +101,29 @@ async def test_a_rollout_that_never_gets_ready_is_reported(operator, cluster):
     gsv = await cluster.phase("GemmaServe", NS, "stuck", "Failed")
     cond = next(c for c in gsv["status"]["conditions"] if c["type"] == "Progressing")
     assert cond["status"] == "False" and cond["reason"] == "ProgressDeadlineExceeded"
+
+
+async def test_multi_host_serving_and_autoscaling_changes(operator, cluster):
+    b = serve("big").tpu("v6e", "4x4").set("autoscaling", {"maxReplicas": 3})
+    await cluster.apply(b.obj())
+    lws = await cluster.wait_for(lambda: cluster.get("LeaderWorkerSet", NS, "big-vllm"), message="LWS")
+    assert await cluster.get("HorizontalPodAutoscaler", NS, "big-vllm")
+    await cluster.kube.patch("LeaderWorkerSet", NS, "big-vllm", {"status": {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}},
+                             status=True)  # fmt: skip
+    gsv = await cluster.phase("GemmaServe", NS, "big", "Ready")
+    assert gsv["status"]["readyReplicas"] == 1 and lws["spec"]["leaderWorkerTemplate"]["size"] == 4
+
+    await cluster.kube.patch("GemmaServe", NS, "big", {"spec": {"autoscaling": None, "replicas": 2}})
+    await cluster.wait_for(lambda: _absent(cluster, "HorizontalPodAutoscaler", "big-vllm"), message="HPA removed")
+    lws = await cluster.wait_for(lambda: _replicas(cluster, 2), message="replicas back under the spec")
+    gsv = await cluster.phase("GemmaServe", NS, "big", "Deploying")
+    assert gsv["status"]["replicas"] == 2
+
+
+async def _absent(cluster, kind, name):
+    return await cluster.get(kind, NS, name) is None
+
+
+async def _replicas(cluster, n):
+    lws = await cluster.get("LeaderWorkerSet", NS, "big-vllm")
+    return lws if lws["spec"].get("replicas") == n else None

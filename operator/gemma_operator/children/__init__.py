@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gemma_operator.children import merge, serving, training
+from gemma_operator.children import merge, scaling, serving, training
 from gemma_operator.plan import FineTunePlan, ServePlan
 from gemma_operator.settings import OperatorSettings
 
@@ -20,5 +20,6 @@ def merge_objects(plan: FineTunePlan, settings: OperatorSettings, owner: dict | 
 
 
 def serving_objects(plan: ServePlan, settings: OperatorSettings, owner: dict | None = None) -> list[dict[str, Any]]:
-    """The vLLM Deployment and its Service."""
-    return [serving.deployment(plan, settings, owner), serving.service(plan, owner)]
+    """The vLLM Deployment (or LeaderWorkerSet), its Service, and the optional HPA and PodMonitor."""
+    optional = [scaling.autoscaler(plan, owner), scaling.pod_monitor(plan, owner)]
+    return [serving.workload(plan, settings, owner), serving.service(plan, owner), *(o for o in optional if o)]

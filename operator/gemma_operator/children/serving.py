@@ -1,23 +1,30 @@
-"""The serving workload: a vLLM Deployment (TPU v6e, or vLLM's CPU build) and its Service."""
+"""The serving workload: vLLM (TPU v6e, or vLLM's CPU build) and the Service in front of it.
+
+One host per replica is a Deployment. A slice of several hosts is a LeaderWorkerSet, as in the
+LWS vLLM-TPU example: each group is one replica, the leader starts a Ray head and vLLM with
+tensor parallelism over every chip of the slice, the workers join its Ray cluster, and the group
+restarts as a whole. Rollouts replace pods in place (maxSurge 0) unless the spec says otherwise:
+spare TPU slices are rarely there.
+"""
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from gemma_operator import api, tpu
 from gemma_operator.children import common
+from gemma_operator.children.model_delivery import delivery
 from gemma_operator.children.vllm import API_KEY_ENV, VllmLaunch, vllm_container
-from gemma_operator.models import PRESETS
 from gemma_operator.plan import ServePlan
 from gemma_operator.settings import OperatorSettings
 
 CONTAINER = "vllm"
 PORT = 8000
-MODEL_MOUNT = "/models/model"
-XLA_CACHE_MOUNT = "/xla-cache"
 REVISION_ANNOTATION = f"{common.PREFIX}/revision"
 MODEL_ANNOTATION = f"{common.PREFIX}/model-uri"
-GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+ROLE_LABEL = f"{common.PREFIX}/role"
+CACHE_DIR = "/cache"
 
 
 def name(plan: ServePlan) -> str:
@@ -29,54 +36,22 @@ def _labels(plan: ServePlan) -> dict[str, str]:
 
 
 def selector(plan: ServePlan) -> dict[str, str]:
+    """The pods that answer requests: every Deployment pod, or the leaders of an LWS."""
     keep = ("app.kubernetes.io/instance", common.COMPONENT_LABEL, common.SERVE_LABEL)
-    return {k: v for k, v in _labels(plan).items() if k in keep}
-
-
-def startup_budget_seconds(plan: ServePlan) -> int:
-    """Loading plus XLA compilation grows with the model: 5 minutes plus 20 s per billion
-    parameters (15 minutes for 31B; the seed paper saw ~10 on first start), 30 when unknown."""
-    if plan.placement.slice is None:
-        return 600
-    shape = PRESETS.get(plan.preset or "")
-    if shape is None:
-        return 1800
-    return max(600, int(300 + 20 * shape.params / 1e9))
-
-
-def _split_gcs(uri: str) -> tuple[str, str]:
-    bucket, _, path = uri.removeprefix("gs://").partition("/")
-    return bucket, path.strip("/")
-
-
-def _model_delivery(plan: ServePlan) -> tuple[str, list[dict], list[dict], dict[str, str]]:
-    """(--model value, volumes, mounts, pod annotations) for where the model lives."""
-    uri = plan.model_uri or ""
-    if uri.startswith("hf://"):
-        return uri.removeprefix("hf://"), [], [], {}
-    if uri.startswith("gs://"):
-        bucket, path = _split_gcs(uri)
-        options = ["implicit-dirs"] + ([f"only-dir={path}"] if path else [])
-        volume = {
-            "name": "model",
-            "csi": {
-                "driver": GCSFUSE_DRIVER,
-                "readOnly": True,
-                "volumeAttributes": {"bucketName": bucket, "mountOptions": ",".join(options)},
-            },
-        }
-        annotations = {"gke-gcsfuse/volumes": "true"}
-        return MODEL_MOUNT, [volume], [{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}], annotations
-    return uri, [], [], {}
+    out = {k: v for k, v in _labels(plan).items() if k in keep}
+    if plan.multi_host:
+        out[ROLE_LABEL] = "leader"
+    return out
 
 
 def launch(plan: ServePlan, model: str) -> VllmLaunch:
     v = plan.spec.vllm
+    extra = (("--distributed-executor-backend=ray",) if plan.multi_host else ()) + tuple(v.extra_args)
     return VllmLaunch(
         model=model, served_name=plan.served_name, device="cpu" if plan.placement.slice is None else "tpu",
         tensor_parallel_size=plan.tensor_parallel, max_model_len=v.max_model_len, max_num_seqs=v.max_num_seqs,
         max_num_batched_tokens=v.max_num_batched_tokens, gpu_memory_utilization=v.gpu_memory_utilization,
-        dtype=v.dtype, port=PORT, extra_args=tuple(v.extra_args), api_key_secret=v.api_key_secret_ref,
+        dtype=v.dtype, port=PORT, extra_args=extra, api_key_secret=v.api_key_secret_ref,
     )  # fmt: skip
 
 
@@ -89,58 +64,107 @@ def _probe(path: str, api_key: bool) -> dict[str, Any]:
     return {"exec": {"command": ["python3", "-c", script]}}
 
 
-def deployment(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict[str, Any]:
-    model_arg, volumes, mounts, annotations = _model_delivery(plan)
-    shm, shm_mount = common.shm_volume()
-    store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
-    command, args, env = vllm_container(launch(plan, model_arg))
-    keyed = plan.spec.vllm.api_key_secret_ref is not None
-    if plan.spec.model.hf_token_secret_ref:
-        env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
+def _resources(plan: ServePlan, settings: OperatorSettings) -> dict[str, Any]:
     r = settings.resources
     if plan.placement.slice is None:
-        resources = {"requests": {"cpu": r.cpu_profile_cpu, "memory": r.cpu_profile_memory},
-                     "limits": {"memory": r.cpu_profile_memory}}  # fmt: skip
-    else:
-        chips = str(plan.placement.chips_per_host)
-        resources = {"requests": {"cpu": r.serving_cpu, "memory": r.serving_memory, tpu.TPU_RESOURCE: chips},
-                     "limits": {"memory": r.serving_memory, tpu.TPU_RESOURCE: chips}}  # fmt: skip
-    budget = startup_budget_seconds(plan)
-    container = {
+        return {"requests": {"cpu": r.cpu_profile_cpu, "memory": r.cpu_profile_memory}, "limits": {"memory": r.cpu_profile_memory}}
+    chips = str(plan.placement.chips_per_host)
+    return {"requests": {"cpu": r.serving_cpu, "memory": r.serving_memory, tpu.TPU_RESOURCE: chips},
+            "limits": {"memory": r.serving_memory, tpu.TPU_RESOURCE: chips}}  # fmt: skip
+
+
+def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, Any]:
+    """The pod template of a server (role "server" or "leader") or of a multi-host "worker"."""
+    model = delivery(plan)
+    command, args, env = vllm_container(launch(plan, model.model_arg))
+    keyed = plan.spec.vllm.api_key_secret_ref is not None
+    shm, shm_mount = common.shm_volume()
+    store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
+    env += model.env
+    env += common.env_list({"HOME": CACHE_DIR, "XDG_CACHE_HOME": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/huggingface"})
+    if plan.spec.model.hf_token_secret_ref:
+        env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
+    container: dict[str, Any] = {
         "name": CONTAINER,
         "image": plan.image,
-        "command": command,
-        "args": args,
         "env": env,
-        "ports": [{"containerPort": PORT, "name": "http"}],
-        "resources": resources,
-        "volumeMounts": [*mounts, shm_mount, *store_mounts],
-        # /health answers before the model is loaded; /v1/models only once it is served.
-        "startupProbe": {**_probe("/v1/models", keyed), "periodSeconds": 10, "failureThreshold": budget // 10},
-        "readinessProbe": {**_probe("/v1/models", keyed), "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 5},
-        "livenessProbe": {**_probe("/health", keyed), "periodSeconds": 30, "failureThreshold": 5, "timeoutSeconds": 5},
-        "securityContext": dict(common.RESTRICTED_CONTAINER),
+        "resources": _resources(plan, settings),
+        "volumeMounts": [*model.mounts, shm_mount, *store_mounts,
+                         {"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": {**common.RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True},
     }  # fmt: skip
-    pod_spec = common.place(
-        {"containers": [container], "volumes": [*volumes, shm, *store_volumes]}, plan.placement, plan.service_account
-    )
-    pod_labels = _labels(plan)
+    if role == "worker":
+        container["command"] = ["sh", "-c", f"bash {settings.serving_multihost_script} worker --ray_address=$(LWS_LEADER_ADDRESS)"]
+    else:
+        if role == "leader":
+            ray = f"bash {settings.serving_multihost_script} leader --ray_cluster_size=$(LWS_GROUP_SIZE)"
+            container["command"] = ["sh", "-c", f"{ray} && exec {shlex.join(command + args)}"]
+        else:
+            container["command"], container["args"] = command, args
+        budget = plan.startup_seconds
+        container["ports"] = [{"containerPort": PORT, "name": "http"}]
+        container["startupProbe"] = {**_probe("/v1/models", keyed), "periodSeconds": 10, "failureThreshold": budget // 10, "timeoutSeconds": 5}
+        container["readinessProbe"] = {**_probe("/v1/models", keyed), "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 5}
+        container["livenessProbe"] = {**_probe("/health", keyed), "periodSeconds": 30, "failureThreshold": 5, "timeoutSeconds": 5}
+    volumes = [*model.volumes, shm, *store_volumes, {"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
+    spec = common.place({"containers": [container], "volumes": volumes,
+                         "automountServiceAccountToken": False,  # vLLM needs no Kubernetes API
+                         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}},
+                        plan.placement, plan.service_account)  # fmt: skip
+    labels = _labels(plan)
+    if plan.multi_host:
+        labels[ROLE_LABEL] = role
     if plan.queue:
-        pod_labels[common.QUEUE_LABEL] = plan.queue
-    pod_annotations = {**annotations, REVISION_ANNOTATION: plan.revision, MODEL_ANNOTATION: plan.model_uri or ""}
+        labels[common.QUEUE_LABEL] = plan.queue
+    annotations = {**model.annotations, REVISION_ANNOTATION: plan.revision, MODEL_ANNOTATION: plan.model_uri or ""}
+    if role != "worker":
+        annotations.update({"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT), "prometheus.io/path": "/metrics"})
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
+
+
+def workload(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict[str, Any]:
+    """A Deployment (one host per replica) or a LeaderWorkerSet (a multi-host slice per replica)."""
+    meta = common.metadata(name(plan), plan.namespace, _labels(plan), owner)
+    if plan.queue:
+        meta["labels"][common.QUEUE_LABEL] = plan.queue
+    r = plan.spec.rollout
+    replicas = {} if plan.spec.autoscaling else {"replicas": plan.spec.replicas}  # the HPA owns replicas
+    if not plan.multi_host:
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta,
+            "spec": {
+                **replicas,
+                "selector": {"matchLabels": selector(plan)},
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": r.max_surge, "maxUnavailable": r.max_unavailable}},
+                "progressDeadlineSeconds": plan.startup_seconds + 600,
+                "template": _pod(plan, settings, "server"),
+            },
+        }  # fmt: skip
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": common.metadata(name(plan), plan.namespace, _labels(plan), owner),
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": meta,
         "spec": {
-            "replicas": plan.spec.replicas,
-            "selector": {"matchLabels": selector(plan)},
-            # TPUs are scarce: replace pods in place rather than surge onto capacity that is not there.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-            "progressDeadlineSeconds": budget + 600,
-            "template": {"metadata": {"labels": pod_labels, "annotations": pod_annotations}, "spec": pod_spec},
+            **replicas,
+            "rolloutStrategy": {"type": "RollingUpdate",
+                                "rollingUpdateConfiguration": {"maxSurge": r.max_surge, "maxUnavailable": r.max_unavailable}},
+            "leaderWorkerTemplate": {
+                "size": plan.placement.hosts,
+                "restartPolicy": "RecreateGroupOnPodRestart",  # a slice serves as a whole or not at all
+                "leaderTemplate": _pod(plan, settings, "leader"),
+                "workerTemplate": _pod(plan, settings, "worker"),
+            },
         },
-    }
+    }  # fmt: skip
+
+
+def pod_template(obj: dict[str, Any]) -> dict[str, Any]:
+    """The template whose annotations carry the revision: the Deployment's, or the LWS leader's."""
+    if obj["kind"] == "LeaderWorkerSet":
+        return obj["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    return obj["spec"]["template"]
 
 
 def service(plan: ServePlan, owner: dict | None) -> dict[str, Any]:

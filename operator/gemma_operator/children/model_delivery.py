@@ -1,0 +1,111 @@
+"""How the served model and the XLA compilation cache reach the vLLM pods.
+
+- gs:// models: Cloud Storage FUSE CSI ephemeral volume, read-only, scoped to the model's folder
+  (`only-dir`), with the driver's file and metadata caches (the weights are read once per pod,
+  the metadata never changes under a merged output) and a cache volume in memory by default.
+  The sidecar is injected by the `gke-gcsfuse/volumes` pod annotation; its limits are annotations.
+  Facts: docs/reference gke-tpu.md section 3.1; the cache attributes are configurable because only
+  some of them were verified.
+- PVC paths: the spec's storage claim, mounted where the path says.
+- hf:// repositories: vLLM downloads them, with HF_TOKEN from a Secret.
+- The compilation cache (VLLM_XLA_CACHE_PATH) lives on gs:// (FUSE, read-write) or a PVC, in a
+  folder keyed by everything that changes the compiled programs (image, slice, vLLM limits), so
+  an upgrade never loads programs compiled for something else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gemma_operator.plan import ServePlan, digest
+
+GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+MODEL_MOUNT = "/models/model"
+XLA_CACHE_MOUNT = "/xla-cache"
+# The driver uses a volume of this name, when the pod has one, for its file cache.
+FUSE_CACHE_VOLUME = "gke-gcsfuse-cache"
+
+
+@dataclass
+class Delivery:
+    model_arg: str
+    volumes: list[dict] = field(default_factory=list)
+    mounts: list[dict] = field(default_factory=list)
+    env: list[dict] = field(default_factory=list)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+def split_gcs(uri: str) -> tuple[str, str]:
+    bucket, _, path = uri.removeprefix("gs://").partition("/")
+    return bucket, path.strip("/")
+
+
+def _fuse_volume(name: str, uri: str, read_only: bool, extra_options: list[str], attributes: dict[str, str]) -> dict:
+    bucket, path = split_gcs(uri)
+    options = ["implicit-dirs", *([f"only-dir={path}"] if path else []), *extra_options]
+    return {
+        "name": name,
+        "csi": {
+            "driver": GCSFUSE_DRIVER,
+            "readOnly": read_only,
+            "volumeAttributes": {"bucketName": bucket, "mountOptions": ",".join(options), **attributes},
+        },
+    }
+
+
+def _fuse_annotations(plan: ServePlan) -> dict[str, str]:
+    g = plan.spec.gcs_fuse
+    return {
+        "gke-gcsfuse/volumes": "true",
+        "gke-gcsfuse/cpu-limit": g.sidecar_cpu_limit,
+        "gke-gcsfuse/memory-limit": g.sidecar_memory_limit,
+        "gke-gcsfuse/ephemeral-storage-limit": g.sidecar_ephemeral_storage_limit,
+    }
+
+
+def compile_cache_key(plan: ServePlan) -> str:
+    v = plan.spec.vllm
+    return digest({
+        "image": plan.image, "slice": plan.placement.label, "tp": plan.tensor_parallel, "maxModelLen": v.max_model_len,
+        "maxNumSeqs": v.max_num_seqs, "maxNumBatchedTokens": v.max_num_batched_tokens, "dtype": v.dtype,
+    }, 12)  # fmt: skip
+
+
+def delivery(plan: ServePlan) -> Delivery:
+    uri = plan.model_uri or ""
+    g = plan.spec.gcs_fuse
+    if uri.startswith("hf://"):
+        out = Delivery(uri.removeprefix("hf://"))
+    elif uri.startswith("gs://"):
+        attributes = {
+            "fileCacheCapacity": g.file_cache_capacity,
+            "fileCacheForRangeRead": "true",
+            "metadataStatCacheCapacity": "-1",
+            "metadataTypeCacheCapacity": "-1",
+            "metadataCacheTTLSeconds": "-1",  # a merged output never changes in place
+        }
+        volume = _fuse_volume("model", uri, True, list(g.mount_options), attributes)
+        cache = {"name": FUSE_CACHE_VOLUME, "emptyDir": {"medium": "Memory"} if g.cache_medium == "Memory" else {}}
+        out = Delivery(MODEL_MOUNT, [volume, cache], [{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}],
+                       annotations=_fuse_annotations(plan))  # fmt: skip
+    else:
+        out = Delivery(uri)
+
+    cc = plan.spec.compilation_cache
+    if cc is not None:
+        if cc.uri:
+            out.volumes.append(_fuse_volume("xla-cache", cc.uri, False, [], {}))
+            out.annotations.update(_fuse_annotations(plan))
+        else:
+            out.volumes.append({"name": "xla-cache", "persistentVolumeClaim": {"claimName": cc.pvc}})
+        out.mounts.append({"name": "xla-cache", "mountPath": XLA_CACHE_MOUNT})
+        out.env.append({"name": "VLLM_XLA_CACHE_PATH", "value": f"{XLA_CACHE_MOUNT}/{compile_cache_key(plan)}"})
+    return out
+
+
+def describe(plan: ServePlan) -> dict[str, Any]:
+    """For `gemma-tpu plan`: where the model and the compile cache come from."""
+    d = delivery(plan)
+    cache = next((e["value"] for e in d.env if e["name"] == "VLLM_XLA_CACHE_PATH"), None)
+    return {"modelArg": d.model_arg, "compileCache": cache}
