@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from gemma_operator import local_vllm
+from gemma_operator.devcluster import local_vllm
 from gemma_operator.children.vllm import VllmLaunch
 from gemma_workloads import tiny
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma_operator import local_vllm
+from gemma_operator.devcluster import local_vllm
 from gemma_operator.api import SecretKeyRef
 from gemma_operator.children.vllm import VllmLaunch
 from gemma_workloads import tiny

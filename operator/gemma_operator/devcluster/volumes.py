@@ -1,0 +1,98 @@
+"""Pod volumes on the local machine, for the node agent that runs pods as processes.
+
+There are no containers here, so a mount is emulated by a directory of the pod's working folder
+plus a path translation: every string the process receives (command, args, env values, and the
+files of mounted ConfigMaps and Secrets, e.g. a workload config naming /data/...) has each mount
+path replaced by its local directory. PersistentVolumeClaims map to folders given to the agent;
+emptyDirs and the termination-message file get fresh folders per pod.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TERMINATION_LOG = "/dev/termination-log"
+
+
+class VolumeError(Exception):
+    """A volume the local node cannot provide (the pod fails to start, with this message)."""
+
+
+@dataclass
+class Mounts:
+    """mount path -> local path, applied to strings longest path first."""
+
+    paths: dict[str, Path] = field(default_factory=dict)
+
+    def translate(self, text: str) -> str:
+        for mount in sorted(self.paths, key=len, reverse=True):
+            local = str(self.paths[mount])
+            # Whole path components only: /data matches /data and /data/x, not /database or /x/data.
+            pattern = rf"(?<![\w./-]){re.escape(mount)}(?=/|$|[^\w.-])"
+            text = re.sub(pattern, lambda _: local, text)
+        return text
+
+    def translate_all(self, items: list[str]) -> list[str]:
+        return [self.translate(x) for x in items]
+
+
+def materialize(
+    pod: dict[str, Any],
+    container: dict[str, Any],
+    workdir: Path,
+    claims: dict[str, Path],
+    config_maps: dict[str, dict],
+    secrets: dict[str, dict],
+) -> Mounts:
+    """Create the container's mounts under `workdir` and return the translation for them."""
+    volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+    mounts = Mounts()
+    files_to_translate: list[Path] = []
+    for m in container.get("volumeMounts") or []:
+        volume = volumes.get(m["name"])
+        if volume is None:
+            raise VolumeError(f"volumeMount {m['name']!r} has no volume")
+        target = workdir / "volumes" / m["name"]
+        if "configMap" in volume:
+            cm = config_maps.get(volume["configMap"]["name"])
+            if cm is None:
+                raise VolumeError(f'configmap "{volume["configMap"]["name"]}" not found')
+            files_to_translate += _write(target, cm.get("data") or {})
+        elif "secret" in volume:
+            secret = secrets.get(volume["secret"]["secretName"])
+            if secret is None:
+                raise VolumeError(f'secret "{volume["secret"]["secretName"]}" not found')
+            _write(target, {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()})
+        elif "emptyDir" in volume:
+            target.mkdir(parents=True, exist_ok=True)
+        elif "persistentVolumeClaim" in volume:
+            claim = volume["persistentVolumeClaim"]["claimName"]
+            if claim not in claims:
+                raise VolumeError(f'persistentvolumeclaim "{claim}" is not provided by this node; known: {sorted(claims)}')
+            target = claims[claim]
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            kind = next((k for k in volume if k != "name"), "?")
+            raise VolumeError(f"volume {m['name']!r}: {kind} volumes are not available on the local node")
+        mounts.paths[m["mountPath"].rstrip("/") or "/"] = target.resolve()
+    log = workdir / "termination-log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    mounts.paths[container.get("terminationMessagePath") or TERMINATION_LOG] = log.resolve()
+    for path in files_to_translate:  # configs name mount paths: point them at the local folders
+        path.write_text(mounts.translate(path.read_text()))
+    return mounts
+
+
+def _write(target: Path, files: dict[str, str]) -> list[Path]:
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key, content in files.items():
+        path = target / key
+        path.write_text(content)
+        written.append(path)
+    return written
