@@ -52,6 +52,8 @@ KINDS: dict[str, KindInfo] = {
     "Event": _kind("v1", "events", "create"),
 }
 STATUS_KINDS = (api.FINETUNE.kind, api.SERVE.kind)  # the operator writes their /status
+# Kinds only the local node agent and tests use (never the operator: not in its role).
+LOCAL_KINDS = {**KINDS, "Secret": _kind("v1", "secrets", "list"), "Namespace": _kind("v1", "namespaces", "create")}
 POD_LOG = "pods/log"  # read for live training progress
 
 
@@ -72,17 +74,17 @@ def _error(e: ApiException) -> ApiError:
 class Kube:
     """Async access to the objects of `KINDS`, as plain dicts."""
 
-    def __init__(self, client: kubernetes.client.ApiClient) -> None:
-        self._client = client
+    def __init__(self, client: kubernetes.client.ApiClient, kinds: dict[str, KindInfo] = KINDS) -> None:
+        self._client, self._kinds = client, kinds
 
     @classmethod
-    def from_url(cls, url: str) -> Kube:
+    def from_url(cls, url: str, kinds: dict[str, KindInfo] = KINDS) -> Kube:
         cfg = kubernetes.client.Configuration()
         cfg.host = url.rstrip("/")
-        return cls(kubernetes.client.ApiClient(cfg))
+        return cls(kubernetes.client.ApiClient(cfg), kinds)
 
     def _path(self, kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
-        info = KINDS[kind]
+        info = self._kinds[kind]
         root = f"/api/{info.api_version}" if "/" not in info.api_version else f"/apis/{info.api_version}"
         path = f"{root}/namespaces/{namespace}/{info.plural}" if namespace else f"{root}/{info.plural}"
         if name:

@@ -1,0 +1,280 @@
+"""The local node agent: the Job and Deployment controllers and the kubelet of a one-node cluster.
+
+It works through the same API as everything else (lists, creates, patches /status), so the
+operator sees what it would see on a cluster: pods appear, run, finish with exit codes and
+termination messages; Jobs complete or fail by their podFailurePolicy and backoffLimit;
+Deployments roll out and report ready replicas. Pods asking for TPUs stay Pending, unschedulable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import secrets
+from typing import Any
+
+from gemma_operator.devcluster.kubelet import LocalPod, Node, PodStartError, log_text, unschedulable, waiting_status
+from gemma_operator.kube import ApiError, Kube
+from gemma_operator.status import now, parse_time, timestamp
+
+log = logging.getLogger("gemma_operator.devcluster")
+
+JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+HASH_LABEL = "pod-template-hash"
+
+
+def _cond(obj: dict, type_: str) -> dict | None:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == type_ and c.get("status") == "True"), None)
+
+
+def failure_action(policy: dict | None, pod: dict) -> tuple[str, int | None]:
+    """(action, rule index) of a Job's podFailurePolicy for a failed pod; ("Count", None) if none matches."""
+    terminated = next((cs["state"]["terminated"] for cs in pod["status"].get("containerStatuses") or []
+                       if "terminated" in cs.get("state", {})), {})  # fmt: skip
+    code = terminated.get("exitCode")
+    for i, rule in enumerate((policy or {}).get("rules") or []):
+        if on := rule.get("onExitCodes"):
+            if code is not None and (code in on["values"]) == (on["operator"] == "In"):
+                return rule["action"], i
+        for pattern in rule.get("onPodConditions") or []:
+            if any(c["type"] == pattern["type"] and c["status"] == pattern.get("status", "True")
+                   for c in pod["status"].get("conditions") or []):  # fmt: skip
+                return rule["action"], i
+    return "Count", None
+
+
+def _failure_message(pod: dict, action: str, index: int) -> str:
+    meta = pod["metadata"]
+    terminated = next((cs for cs in pod["status"].get("containerStatuses") or [] if "terminated" in cs.get("state", {})), None)
+    if terminated:
+        code = terminated["state"]["terminated"]["exitCode"]
+        return (f"Container {terminated['name']} for pod {meta['namespace']}/{meta['name']} failed with exit code "
+                f"{code} matching {action} rule at index {index}")  # fmt: skip
+    return f"Pod {meta['namespace']}/{meta['name']} has condition DisruptionTarget matching {action} rule at index {index}"
+
+
+class NodeAgent:
+    def __init__(self, kube: Kube, apiserver: Any, node: Node, interval: float = 0.2) -> None:
+        self.kube, self.apiserver, self.node, self.interval = kube, apiserver, node, interval
+        self.pods: dict[tuple[str, str], LocalPod] = {}
+        self._seen: set[str] = set()  # uids of pods this node has taken care of
+        self._last_status: dict[tuple[str, str], str] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    await self.step()
+                except ApiError as e:
+                    log.warning("node agent: %s", e)
+                try:
+                    await asyncio.wait_for(stop.wait(), self.interval)
+                except TimeoutError:
+                    pass
+        finally:
+            await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """Stop every process this node started (SIGTERM, then SIGKILL after a short grace)."""
+        pods, self.pods = list(self.pods.values()), {}
+        await asyncio.gather(*(asyncio.to_thread(p.stop, 5) for p in pods))
+
+    async def step(self) -> None:
+        pods = await self.kube.list("Pod", None)
+        await self._kubelet(pods)
+        by_owner: dict[str, list[dict]] = {}
+        for pod in pods:
+            for ref in pod["metadata"].get("ownerReferences") or []:
+                by_owner.setdefault(ref["uid"], []).append(pod)
+        for job in await self.kube.list("Job", None):
+            await self._job(job, by_owner.get(job["metadata"]["uid"], []))
+        for dep in await self.kube.list("Deployment", None):
+            await self._deployment(dep, by_owner.get(dep["metadata"]["uid"], []))
+
+    # ------------------------------------------------------------------ kubelet
+
+    async def _kubelet(self, pods: list[dict]) -> None:
+        present = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods}
+        for key in [k for k in self.pods if k not in present]:  # deleted: stop within its grace period
+            local = self.pods.pop(key)
+            asyncio.create_task(asyncio.to_thread(local.stop, 10))
+        for pod in pods:
+            meta = pod["metadata"]
+            key = (meta["namespace"], meta["name"])
+            if meta["uid"] not in self._seen and not (pod.get("status") or {}).get("phase"):
+                self._seen.add(meta["uid"])
+                await self._start(pod)
+            elif key in self.pods:
+                await self._tend(pod, self.pods[key])
+
+    async def _start(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        container = pod["spec"]["containers"][0]["name"]
+        if why := unschedulable(pod):
+            await self._set_status(pod, waiting_status(container, "Unschedulable", why, scheduled=False))
+            return
+        config_maps = {c["metadata"]["name"]: c for c in await self.kube.list("ConfigMap", meta["namespace"])}
+        secrets_ = {s["metadata"]["name"]: s for s in await self.kube.list("Secret", meta["namespace"])}
+        try:
+            local = await asyncio.to_thread(LocalPod.start, pod, self.node, config_maps, secrets_)
+        except PodStartError as e:
+            await self._set_status(pod, waiting_status(container, e.reason, str(e)))
+            return
+        self.pods[(meta["namespace"], meta["name"])] = local
+        if local.host_port:
+            await self.kube.patch("Pod", meta["namespace"], meta["name"], {"metadata": {"annotations": {
+                "gemma-tpu.dev/host-port": str(local.host_port)}}})  # fmt: skip
+        await self._set_status(pod, local.status())
+
+    async def _tend(self, pod: dict, local: LocalPod) -> None:
+        """Probes, restarts of Deployment pods, logs and status of a running pod."""
+        self.apiserver.pod_logs[(local.namespace, local.name)] = log_text(local)
+        code = local.exit_code()
+        if code is None and not local.ready:
+            local.ready = bool(await asyncio.to_thread(local.probe, "readinessProbe"))
+        if code is not None and pod["spec"].get("restartPolicy", "Always") == "Always":
+            # A Deployment's container restarts in place; this node gives up after a few tries.
+            if local.restarts < 3:
+                self.pods.pop((local.namespace, local.name))
+                self._seen.discard(pod["metadata"]["uid"])
+                restarted = await asyncio.to_thread(LocalPod.start, pod, self.node, *await self._config(pod))
+                restarted.restarts = local.restarts + 1
+                self.pods[(local.namespace, local.name)] = restarted
+                self._seen.add(pod["metadata"]["uid"])
+                return
+        await self._set_status(pod, local.status())
+
+    async def _config(self, pod: dict) -> tuple[dict, dict]:
+        ns = pod["metadata"]["namespace"]
+        return ({c["metadata"]["name"]: c for c in await self.kube.list("ConfigMap", ns)},
+                {s["metadata"]["name"]: s for s in await self.kube.list("Secret", ns)})  # fmt: skip
+
+    async def _set_status(self, pod: dict, status: dict) -> None:
+        key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+        text = json.dumps(status, sort_keys=True)
+        if self._last_status.get(key) == text:
+            return
+        self._last_status[key] = text
+        try:
+            await self.kube.patch("Pod", *key, {"status": status}, status=True)
+        except ApiError as e:
+            if e.status != 404:
+                raise
+
+    # ------------------------------------------------------------------ Job controller
+
+    async def _job(self, job: dict, pods: list[dict]) -> None:
+        meta, spec = job["metadata"], job["spec"]
+        if _cond(job, "Complete") or _cond(job, "Failed"):
+            for pod in pods:
+                if (pod.get("status") or {}).get("phase") in ("Pending", "Running"):
+                    await self._delete_pod(pod)
+            return
+        active = [p for p in pods if (p.get("status") or {}).get("phase") in (None, "Pending", "Running")]
+        status: dict[str, Any] = {"startTime": (job.get("status") or {}).get("startTime") or timestamp(now())}
+        if spec.get("suspend"):
+            for pod in active:
+                await self._delete_pod(pod)
+            status.update(active=0, ready=0, conditions=[{"type": "Suspended", "status": "True", "reason": "JobSuspended"}])
+            status.pop("startTime")  # a resumed Job starts again
+            await self._job_status(job, status)
+            return
+        counted, verdict = 0, None
+        for pod in pods:
+            if (pod.get("status") or {}).get("phase") != "Failed":
+                continue
+            action, index = failure_action(spec.get("podFailurePolicy"), pod)
+            if action == "FailJob":
+                verdict = ("PodFailurePolicy", _failure_message(pod, action, index))
+            elif action == "Count":
+                counted += 1
+        succeeded = sum((p.get("status") or {}).get("phase") == "Succeeded" for p in pods)
+        t = timestamp(now())
+        if succeeded:
+            status.update(completionTime=t, conditions=[
+                {"type": "SuccessCriteriaMet", "status": "True", "reason": "CompletionsReached", "lastTransitionTime": t},
+                {"type": "Complete", "status": "True", "reason": "CompletionsReached", "lastTransitionTime": t}])  # fmt: skip
+        elif verdict or counted > int(spec.get("backoffLimit", 6)):
+            reason, message = verdict or ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+            status["conditions"] = [{"type": "Failed", "status": "True", "reason": reason, "message": message, "lastTransitionTime": t}]
+        elif not active:
+            await self._create_pod(job, {label: meta["name"] for label in JOB_NAME_LABELS} |
+                                   {"batch.kubernetes.io/job-completion-index": "0"})  # fmt: skip
+        ready = sum(1 for p in active if any(c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or []))
+        status.update(active=len(active) if not status.get("conditions") else 0, ready=ready, succeeded=succeeded, failed=counted)
+        await self._job_status(job, status)
+
+    async def _job_status(self, job: dict, status: dict) -> None:
+        current = job.get("status") or {}
+        if all(current.get(k) == v for k, v in status.items()):
+            return
+        await self.kube.patch("Job", job["metadata"]["namespace"], job["metadata"]["name"], {"status": status}, status=True)
+
+    # ------------------------------------------------------------------ Deployment controller
+
+    async def _deployment(self, dep: dict, pods: list[dict]) -> None:
+        meta, spec = dep["metadata"], dep["spec"]
+        template_hash = hashlib.sha256(json.dumps(spec["template"], sort_keys=True).encode()).hexdigest()[:10]
+        replicas = int(spec.get("replicas", 1))
+        live = [p for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        current = [p for p in live if p["metadata"].get("labels", {}).get(HASH_LABEL) == template_hash]
+        old = [p for p in live if p not in current]
+        rolling = (spec.get("strategy") or {}).get("rollingUpdate") or {}
+        surge, unavailable = int(rolling.get("maxSurge", 0)), max(1, int(rolling.get("maxUnavailable", 1)))
+        for pod in old[:unavailable]:  # replace in place: an old pod goes before its successor starts
+            await self._delete_pod(pod)
+        room = replicas - len(current) - max(0, len(old) - unavailable - surge)
+        for _ in range(max(0, room)):
+            await self._create_pod(dep, {HASH_LABEL: template_hash})
+        for pod in current[replicas:]:
+            await self._delete_pod(pod)
+
+        def ready(p: dict) -> bool:
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or [])
+
+        ready_count = sum(ready(p) for p in live)
+        updated_ready = sum(ready(p) for p in current)
+        deadline = int(spec.get("progressDeadlineSeconds", 600))
+        started = min((parse_time(p["metadata"].get("creationTimestamp")) for p in current), default=None)
+        if current and updated_ready >= replicas:
+            progressing = {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}
+        elif started and (now() - started).total_seconds() > deadline:
+            progressing = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+                           "message": f'ReplicaSet "{meta["name"]}-{template_hash}" has timed out progressing.'}  # fmt: skip
+        else:
+            progressing = {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}
+        status = {
+            "observedGeneration": meta.get("generation", 1), "replicas": len(live), "updatedReplicas": len(current),
+            "readyReplicas": ready_count, "availableReplicas": ready_count,
+            "conditions": [{"type": "Available", "status": str(ready_count >= max(1, replicas - unavailable) if replicas else True)},
+                           progressing],
+        }  # fmt: skip
+        if {k: (dep.get("status") or {}).get(k) for k in status} != status:
+            await self.kube.patch("Deployment", meta["namespace"], meta["name"], {"status": status}, status=True)
+
+    # ------------------------------------------------------------------ pods
+
+    async def _create_pod(self, owner: dict, extra_labels: dict[str, str]) -> None:
+        meta, template = owner["metadata"], owner["spec"]["template"]
+        pod_meta = template.get("metadata") or {}
+        await self.kube.create({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": f"{meta['name'][:52]}-{secrets.token_hex(3)[:5]}", "namespace": meta["namespace"],
+                "labels": {**(pod_meta.get("labels") or {}), **extra_labels},
+                "annotations": dict(pod_meta.get("annotations") or {}),
+                "ownerReferences": [{"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"],
+                                     "uid": meta["uid"], "controller": True}],
+            },
+            "spec": template["spec"],
+        })  # fmt: skip
+
+    async def _delete_pod(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        await self.kube.delete("Pod", meta["namespace"], meta["name"])
+        local = self.pods.pop((meta["namespace"], meta["name"]), None)
+        if local:
+            grace = float(pod["spec"].get("terminationGracePeriodSeconds", 30))
+            asyncio.create_task(asyncio.to_thread(local.stop, grace))
