@@ -37,6 +37,9 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -c "import torch, vllm.entrypoints.openai.api_server; assert torch.version.cuda is None"
 	touch $@
 
+demo: venv vllm-venv
+	$(VENV)/bin/gemma-tpu dev --vllm-python $(VLLM_VENV)/bin/python $(DEMO_ARGS)
+
 test: venv vllm-venv
 	GEMMA_VLLM_PYTHON=$(abspath $(VLLM_VENV)/bin/python) $(VENV)/bin/python -m pytest -q
 

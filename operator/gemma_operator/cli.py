@@ -4,6 +4,7 @@ render  every object the operator would create for the CRs in a file (exit 2 on 
 plan    the derived plan: slice, mesh, HBM fit, duration and cost (exit 2 when it cannot fit)
 crds    the CustomResourceDefinitions
 operator  run the controller (kopf) against the current cluster
+dev     the whole pipeline on this machine (what `make demo` runs)
 """
 
 from __future__ import annotations
@@ -170,6 +171,12 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return runner.run(args)
 
 
+def cmd_dev(args: argparse.Namespace) -> int:
+    from gemma_operator.devcluster import dev
+
+    return dev.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gemma-tpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -199,6 +206,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--standalone", action="store_true", help="no peering (one operator replica)")
     p.add_argument("--peering", default="gemma-tpu-operator", help="kopf peering name for several replicas")
     p.set_defaults(func=cmd_operator)
+
+    # Defined here, not in devcluster: the operator's image has no dev dependencies to import.
+    p = sub.add_parser("dev", help="run the whole pipeline locally: API, operator, node agent, tiny model")
+    p.add_argument("--workdir", default=".demo", help="where the model, data, runs and pod folders go")
+    p.add_argument("--examples", default="examples/quickstart", help="the CRs to apply")
+    p.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="python of the environment with vLLM's CPU build")
+    p.add_argument("--port", type=int, default=0, help="port of the local Kubernetes API (0: any free one)")
+    p.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
+    p.add_argument("--keep-running", action="store_true", help="keep the cluster up and print a kubeconfig")
+    p.set_defaults(func=cmd_dev)
     return parser
 
 

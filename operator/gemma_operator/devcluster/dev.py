@@ -1,0 +1,225 @@
+"""`gemma-tpu dev`: the whole product on one machine, no cluster and no TPU.
+
+An in-process Kubernetes API with our CRDs, the real operator against it, and a local node
+agent that runs the pods of the `cpu` profile as processes (the training and merge workloads
+from this environment, vLLM's CPU build from its own). It makes a tiny Gemma 4 and a small
+dataset, applies examples/quickstart/, shows progress as it happens, asks the served model a
+question, and prints what each phase took. Ctrl-C stops everything cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kmock
+import yaml
+
+from gemma_operator import api, runner
+from gemma_operator.devcluster.agent import NodeAgent
+from gemma_operator.devcluster.apiserver import ApiServer
+from gemma_operator.devcluster.display import Table
+from gemma_operator.devcluster.kubelet import HOST_PORT_ANNOTATION, Node
+from gemma_operator.devcluster.processes import port_in_use
+from gemma_operator.kube import LOCAL_KINDS, Kube
+from gemma_operator.settings import OperatorSettings
+
+DATA_CLAIM = "gemma-data"  # the PVC of examples/quickstart, a folder here
+QUESTION = "What is the capital of France?"
+
+
+class DevError(Exception):
+    """A situation the user can fix, said plainly."""
+
+
+@dataclass
+class Outcome:
+    """What a `dev` run ended with (the end-to-end test asserts on it)."""
+
+    fine_tune: dict[str, Any] | None = None
+    serve: dict[str, Any] | None = None
+    answer: str | None = None
+    endpoint: str | None = None
+    phases: list[tuple[str, str, float]] = field(default_factory=list)
+    total_seconds: float = 0.0
+    data_dir: Path | None = None
+
+
+def _prerequisites(args: argparse.Namespace) -> None:
+    if not Path(args.vllm_python).exists():
+        raise DevError(f"vLLM's environment is missing ({args.vllm_python}): run `make vllm-venv` first")
+    if args.port and port_in_use(args.port):
+        raise DevError(f"port {args.port} is in use by another program: pick another with --port, or 0 for any")
+    if not shutil.which("g++") and not shutil.which("c++"):
+        print("note: no C++ compiler found; vLLM runs in eager mode here, which needs none", file=sys.stderr)
+
+
+def _make_data(data: Path) -> None:
+    """The tiny model and dataset, made by the workloads' own generator, as a data-prep job would."""
+    if (data / "tiny-gemma4" / "config.json").exists() and (data / "capitals.jsonl").exists():
+        return
+    cmd = [sys.executable, "-m", "gemma_workloads.tiny", str(data / "tiny-gemma4"), "--dataset", str(data / "capitals.jsonl"),
+           "--examples", "96"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise DevError(f"making the tiny model failed:\n{done.stderr[-2000:]}")
+
+
+def _kubeconfig(path: Path, url: str) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "gemma-dev",
+        "clusters": [{"name": "gemma-dev", "cluster": {"server": url}}],
+        "contexts": [{"name": "gemma-dev", "context": {"cluster": "gemma-dev", "user": "dev", "namespace": "default"}}],
+        "users": [{"name": "dev", "user": {"token": "dev"}}],
+    }))  # fmt: skip
+    return path
+
+
+def _ask(port: int, model: str, question: str) -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 32, "temperature": 0}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())["choices"][0]["message"]["content"]
+
+
+async def _serving_port(kube: Kube, serve: dict) -> int | None:
+    """The host port of a ready pod behind the GemmaServe's Service (pods share this machine)."""
+    svc = await kube.get("Service", serve["metadata"]["namespace"], f"{serve['metadata']['name']}-vllm")
+    if svc is None:
+        return None
+    selector = ",".join(f"{k}={v}" for k, v in svc["spec"]["selector"].items())
+    for pod in await kube.list("Pod", svc["metadata"]["namespace"], selector):
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in (pod.get("status") or {}).get("conditions") or [])
+        if ready and HOST_PORT_ANNOTATION in (pod["metadata"].get("annotations") or {}):
+            return int(pod["metadata"]["annotations"][HOST_PORT_ANNOTATION])
+    return None
+
+
+def _failure_details(apiserver: ApiServer, obj: dict) -> str:
+    """The last log lines of the failed pod of a resource, for a plain report."""
+    name = obj["metadata"]["name"]
+    tails = [(k, v) for k, v in apiserver.pod_logs.items() if k[1].startswith(name)]
+    if not tails:
+        return ""
+    (_, pod), text = tails[-1]
+    return f"\nlast lines of pod {pod}:\n" + "\n".join(text.splitlines()[-25:])
+
+
+async def run(args: argparse.Namespace, stop: asyncio.Event) -> Outcome:
+    _prerequisites(args)
+    workdir = Path(args.workdir).resolve()
+    data = workdir / "data"
+    shutil.rmtree(data / "runs", ignore_errors=True)  # each demo starts from nothing
+    shutil.rmtree(workdir / "node", ignore_errors=True)
+    data.mkdir(parents=True, exist_ok=True)
+    out = Outcome(data_dir=data)
+    print(f"making a tiny Gemma 4 and a chat dataset in {data}", flush=True)
+    await asyncio.to_thread(_make_data, data)
+
+    settings = OperatorSettings(progress_poll_seconds=1.0)
+    images = {settings.images.workloads: Path(sys.executable).parent, settings.images.serving_cpu: Path(args.vllm_python).parent}
+    async with ApiServer() as apiserver, kmock.Server(apiserver, port=args.port or None) as server:
+        apiserver.register_defaults()
+        url = str(server.url).rstrip("/")
+        op_stop, ready = asyncio.Event(), asyncio.Event()
+        _, op_tasks = await runner.spawn(url, settings, op_stop, ready)
+        kube = Kube.from_url(url, LOCAL_KINDS)
+        agent = NodeAgent(kube, apiserver, Node(workdir / "node", images, {DATA_CLAIM: data}), interval=0.25)
+        agent_task = asyncio.create_task(agent.run(stop))
+        try:
+            await asyncio.wait_for(ready.wait(), 30)
+            table = Table()
+            started = time.monotonic()
+            docs = [d for f in sorted(Path(args.examples).glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+            for doc in docs:
+                await kube.create(doc)
+            applied = ", ".join(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
+            print(f"applied {applied} to the local cluster at {url}\n", flush=True)
+            table.header()
+            out = await _follow(kube, apiserver, table, stop, args.timeout, out)
+            out.total_seconds = time.monotonic() - started
+            out.phases = table.durations()
+            _summary(out, url)
+            if args.keep_running and not stop.is_set():
+                config = _kubeconfig(workdir / "kubeconfig", url)
+                print(f"\nthe cluster keeps running (Ctrl-C stops it):\n  export KUBECONFIG={config}\n  kubectl get gft,gsv"
+                      + (f"\n  curl {out.endpoint}/models" if out.endpoint else ""), flush=True)  # fmt: skip
+                await stop.wait()
+        finally:
+            stop.set()
+            await agent_task
+            await runner.stop(op_tasks, op_stop)
+    return out
+
+
+async def _follow(kube: Kube, apiserver: ApiServer, table: Table, stop: asyncio.Event, timeout: float, out: Outcome) -> Outcome:
+    deadline = time.monotonic() + timeout
+    while not stop.is_set():
+        objs = await kube.list(api.FINETUNE.kind, None) + await kube.list(api.SERVE.kind, None)
+        table.update(objs)
+        out.fine_tune = next((o for o in objs if o["kind"] == api.FINETUNE.kind), None)
+        out.serve = next((o for o in objs if o["kind"] == api.SERVE.kind), None)
+        for obj in objs:
+            if (obj.get("status") or {}).get("phase") == "Failed":
+                raise DevError(f"{obj['kind']} {obj['metadata']['name']} failed: {obj['status'].get('message')}"
+                               + _failure_details(apiserver, obj))  # fmt: skip
+        if out.serve and (out.serve.get("status") or {}).get("phase") == "Ready":
+            port = await _serving_port(kube, out.serve)
+            if port:
+                name = out.serve["status"]["servedModelName"]
+                out.endpoint = f"http://127.0.0.1:{port}/v1"
+                try:
+                    out.answer = await asyncio.to_thread(_ask, port, name, QUESTION)
+                except (urllib.error.URLError, OSError, KeyError) as e:
+                    raise DevError(f"the served model did not answer: {e}") from None
+                print(f"\n> {QUESTION}\n{out.answer}", flush=True)
+                return out
+        if time.monotonic() > deadline:
+            raise DevError(f"not done after {timeout:.0f} s; last states: " + "; ".join(
+                f"{o['kind']}/{o['metadata']['name']} {(o.get('status') or {}).get('phase')}: {(o.get('status') or {}).get('message')}"
+                for o in objs))  # fmt: skip
+        await asyncio.sleep(0.5)
+    return out
+
+
+def _summary(out: Outcome, url: str) -> None:
+    print("\nwall time per phase:", flush=True)
+    for name, phase, seconds in out.phases:
+        print(f"  {name:<34} {phase:<16} {seconds:6.1f} s")
+    print(f"  {'apply -> served answer':<51} {out.total_seconds:6.1f} s")
+    st = (out.fine_tune or {}).get("status") or {}
+    outputs = st.get("outputs") or {}
+    local = lambda p: p.replace("/data", str(out.data_dir), 1) if p and p.startswith("/data") else p  # noqa: E731
+    print("\nartifacts:")
+    print(f"  LoRA checkpoint  {local(outputs.get('checkpoint'))}")
+    print(f"  merged model     {local(outputs.get('merged'))}")
+    print(f"  endpoint         {out.endpoint} (model {((out.serve or {}).get('status') or {}).get('servedModelName')})")
+    print(f"  API server       {url}", flush=True)
+
+
+def main(args: argparse.Namespace) -> int:
+    async def go() -> Outcome:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return await run(args, stop)
+
+    try:
+        asyncio.run(go())
+    except DevError as e:
+        print(f"\ngemma-tpu dev: {e}", file=sys.stderr)
+        return 1
+    return 0
