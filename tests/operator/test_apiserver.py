@@ -90,3 +90,17 @@ def test_selector_and_merge_patch_semantics():
     assert label_selector_matches("a=1,b", labels) and label_selector_matches("a in (1,3),!c", labels)
     assert not label_selector_matches("a!=1", labels) and not label_selector_matches("c notin (1),c", labels)
     assert merge_patch({"a": {"b": 1, "c": 2}, "d": [1]}, {"a": {"b": None, "e": 3}, "d": [2]}) == {"a": {"c": 2, "e": 3}, "d": [2]}
+
+
+async def test_kubectl_get_gets_the_printer_columns(apiserver):
+    api = kubernetes.client.CustomObjectsApi(client(apiserver))
+    await call(api.create_namespaced_custom_object, "gemma-tpu.dev", "v1alpha1", "default", "gemmafinetunes", finetune("a").obj())
+    await call(api.patch_namespaced_custom_object_status, "gemma-tpu.dev", "v1alpha1", "default", "gemmafinetunes", "a",
+               {"status": {"phase": "Training", "progress": {"step": 3, "totalSteps": 10}}})  # fmt: skip
+    raw = await call(client(apiserver).call_api, "GET", f"{str(apiserver.url).rstrip('/')}/apis/gemma-tpu.dev/v1alpha1/namespaces/default/gemmafinetunes",
+                     header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"})  # fmt: skip
+    raw.read()
+    table = __import__("json").loads(raw.data)
+    names = [c["name"] for c in table["columnDefinitions"]]
+    assert table["kind"] == "Table" and names[:4] == ["Name", "Phase", "Step", "Total"]
+    assert table["rows"][0]["cells"][:4] == ["a", "Training", 3, 10]
