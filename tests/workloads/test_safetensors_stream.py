@@ -1,0 +1,153 @@
+"""The hand-written safetensors streaming agrees with the safetensors library, byte for byte."""
+
+import json
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from gemma_workloads import safetensors_stream as sts
+
+rng = np.random.default_rng(0)
+
+
+def sample() -> dict[str, np.ndarray]:
+    return {
+        "w.bf16": rng.standard_normal((37, 11)).astype(ml_dtypes.bfloat16),
+        "w.f32": rng.standard_normal((5, 3, 2)).astype(np.float32),
+        "ids.i64": np.arange(7, dtype=np.int64),
+        "scalar.f16": np.array(1.5, dtype=np.float16),
+        "flag.bool": np.array([True, False, True]),
+    }
+
+
+def write(path, tensors, dtype_names=None):
+    """Our writer: header from (name, dtype, shape), then raw bytes."""
+    names = {np.dtype(np.float32): "F32", np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.int64): "I64",
+             np.dtype(np.float16): "F16", np.dtype(bool): "BOOL"}  # fmt: skip
+    entries = [(k, names[v.dtype], v.shape) for k, v in tensors.items()]
+    writer = sts.ShardWriter(path, sts.header_bytes(entries, {"format": "pt"}), sum(v.nbytes for v in tensors.values()))
+    for v in tensors.values():
+        writer.write(memoryview(np.ascontiguousarray(v).reshape(-1).view(np.uint8)))
+    return writer.close()
+
+
+def test_written_shards_read_back_with_safetensors(tmp_path):
+    tensors = sample()
+    digest = write(tmp_path / "ours.safetensors", tensors)
+    import torch
+
+    torch_dtypes = {"w.bf16": torch.bfloat16, "w.f32": torch.float32, "ids.i64": torch.int64, "scalar.f16": torch.float16,
+                    "flag.bool": torch.bool}  # fmt: skip
+    with safe_open(tmp_path / "ours.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt"} and list(f.keys()) == sorted(tensors)
+        for name, value in tensors.items():
+            got = f.get_tensor(name)
+            assert got.dtype == torch_dtypes[name] and tuple(got.shape) == value.shape, name
+            assert got.reshape(-1).view(torch.uint8).numpy().tobytes() == value.tobytes(), name
+    import hashlib
+
+    assert digest == hashlib.sha256((tmp_path / "ours.safetensors").read_bytes()).hexdigest()
+
+
+def test_headers_of_library_written_files_are_read(tmp_path):
+    tensors = {k: v for k, v in sample().items() if v.dtype != ml_dtypes.bfloat16}
+    save_file(tensors, tmp_path / "lib.safetensors")
+    infos = sts.read_header(str(tmp_path / "lib.safetensors"))
+    raw = (tmp_path / "lib.safetensors").read_bytes()
+    for info in infos:
+        value = tensors[info.name]
+        assert (info.dtype, info.shape) == ({np.dtype(np.float32): "F32", np.dtype(np.int64): "I64", np.dtype(np.float16): "F16",
+                                             np.dtype(bool): "BOOL"}[value.dtype], value.shape)  # fmt: skip
+        assert raw[info.offset : info.offset + info.nbytes] == value.tobytes()
+
+
+class Rows:
+    def __init__(self, delta):
+        self.delta = delta
+
+    def rows(self, start, stop, out):
+        out[:] = self.delta[start:stop].reshape(out.shape)
+
+
+@pytest.mark.parametrize("src,dst", [("BF16", "BF16"), ("F32", "BF16"), ("BF16", "F32"), ("F16", "F16")])
+def test_merge_tensor_in_blocks_rounds_like_numpy(tmp_path, monkeypatch, src, dst):
+    monkeypatch.setattr(sts, "BLOCK_BYTES", 4 * 11 * 5)  # 5 rows a block: 37 rows take 8 blocks
+    base = rng.standard_normal((37, 11)).astype(sts.FLOAT_DTYPES[src])
+    delta = (0.1 * rng.standard_normal((37, 11))).astype(np.float32)
+    save_file({"w": base.view(np.uint16) if src == "BF16" else base}, tmp_path / "in.safetensors")
+    info = sts.read_header(str(tmp_path / "in.safetensors"))[0]
+    info = sts.TensorInfo(info.name, src, info.shape, info.file, info.offset, info.nbytes)  # U16 on disk for bf16
+    out_bytes = 37 * 11 * sts.ITEMSIZE[dst]
+    writer = sts.ShardWriter(tmp_path / "out.safetensors", sts.header_bytes([("w", dst, (37, 11))], {}), out_bytes)
+    reader = sts.Reader()
+    sts.merge_tensor(reader, info, Rows(delta), dst, writer)
+    writer.close()
+    reader.close()
+    with safe_open(tmp_path / "out.safetensors", "flax") as f:
+        got = np.asarray(f.get_tensor("w"))
+    expected = (base.astype(np.float32) + delta).astype(sts.FLOAT_DTYPES[dst])
+    assert got.tobytes() == expected.tobytes()
+
+
+def test_copy_tensor_is_raw_bytes_in_blocks(tmp_path, monkeypatch):
+    monkeypatch.setattr(sts, "BLOCK_BYTES", 64)
+    value = rng.standard_normal((50, 3)).astype(np.float32)
+    save_file({"x": value}, tmp_path / "in.safetensors")
+    info = sts.read_header(str(tmp_path / "in.safetensors"))[0]
+    writer = sts.ShardWriter(tmp_path / "out.safetensors", sts.header_bytes([("x", "F32", (50, 3))], {}), value.nbytes)
+    sts.copy_tensor(sts.Reader(), info, writer)
+    writer.close()
+    assert sts.read_header(str(tmp_path / "out.safetensors"))[0].nbytes == value.nbytes
+    with safe_open(tmp_path / "out.safetensors", "numpy") as f:
+        assert f.get_tensor("x").tobytes() == value.tobytes()
+
+
+def test_writer_refuses_a_short_shard(tmp_path):
+    writer = sts.ShardWriter(tmp_path / "x.safetensors", sts.header_bytes([("x", "F32", (4,))], {}), 16)
+    writer.write(b"\0" * 8)
+    with pytest.raises(RuntimeError, match="wrote .* bytes, planned"):
+        writer.close()
+
+
+def raw_file(path, header: dict, data: bytes):
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+@pytest.mark.parametrize(
+    "header,data,message",
+    [
+        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4, "tensor a ends at byte .* the shard is truncated"),
+        ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, r"tensor a: 8 bytes do not hold F32\[3\]"),
+        ({"a": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, "tensor a: unknown dtype Q4"),
+        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+          "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, b"\0" * 12, "tensors a and b overlap"),  # fmt: skip
+    ],
+)
+def test_bad_headers_name_the_tensor(tmp_path, header, data, message):
+    raw_file(tmp_path / "bad.safetensors", header, data)
+    with pytest.raises(sts.CheckpointError, match=message):
+        sts.read_header(str(tmp_path / "bad.safetensors"))
+
+
+def test_not_safetensors_at_all(tmp_path):
+    (tmp_path / "x.safetensors").write_bytes(b"abc")
+    with pytest.raises(sts.CheckpointError, match="not a safetensors file"):
+        sts.read_header(str(tmp_path / "x.safetensors"))
+    (tmp_path / "y.safetensors").write_bytes(struct.pack("<Q", 10**9) + b"{}")
+    with pytest.raises(sts.CheckpointError, match="header of 1000000000 bytes is longer than the file"):
+        sts.read_header(str(tmp_path / "y.safetensors"))
+
+
+def test_index_must_agree_with_the_shards(tmp_path):
+    save_file({"a": np.zeros(2, np.float32)}, tmp_path / "model-00001-of-00001.safetensors")
+    index = {"weight_map": {"a": "model-00001-of-00001.safetensors", "b": "model-00001-of-00001.safetensors"}}
+    (tmp_path / sts.INDEX).write_text(json.dumps(index))
+    with pytest.raises(sts.CheckpointError, match="puts tensor b in model-00001-of-00001.safetensors, but that shard does not hold it"):
+        sts.open_checkpoint(str(tmp_path))
+    with pytest.raises(sts.CheckpointError, match="neither model.safetensors.index.json nor model.safetensors"):
+        sts.open_checkpoint(str(tmp_path / "nothing"))

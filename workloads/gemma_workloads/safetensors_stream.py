@@ -1,0 +1,237 @@
+"""Safetensors read and written a block at a time, so memory never holds a whole checkpoint.
+
+The format is an 8-byte little-endian header length, a JSON header (`name -> dtype, shape,
+data_offsets`), then the raw tensor bytes. Reading a tensor is a seek and a read; writing a shard
+is its header (all sizes are known from the plan) followed by each tensor's bytes in order. So
+tensors without LoRA go through as raw bytes, with no parsing or dtype conversion, and merged
+tensors are produced a block of rows at a time. Everything written is hashed on the way out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+import ml_dtypes
+import numpy as np
+from etils import epath
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+BLOCK_BYTES = 16 << 20  # per read/convert/write step: large enough for full disk speed, small for RSS
+
+ITEMSIZE = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+    "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
+    "U32": 4, "I32": 4, "F32": 4,
+    "U64": 8, "I64": 8, "F64": 8,
+}  # fmt: skip
+# Floating dtypes a LoRA delta can be added to, and merge output dtypes.
+FLOAT_DTYPES = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16)}
+DTYPE_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+class CheckpointError(ValueError):
+    """A base checkpoint that cannot be read as it claims to be; the message names the file and tensor."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor's bytes lie: `offset` is absolute within `file`."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: str
+    offset: int
+    nbytes: int
+
+
+def read_header(path: str) -> list[TensorInfo]:
+    """A shard's tensors in file order, checked against the file's size (truncation, overlaps)."""
+    p = epath.Path(path)
+    with p.open("rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise CheckpointError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
+        (n,) = struct.unpack("<Q", raw)
+        size = _size(f)
+        if n > size - 8:
+            raise CheckpointError(f"{path}: header of {n} bytes is longer than the file ({size} bytes): truncated or not safetensors")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{path}: unreadable safetensors header ({e})") from None
+    header.pop("__metadata__", None)
+    data_start, tensors = 8 + n, []
+    for name, entry in header.items():
+        dtype, shape, (start, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
+        if dtype not in ITEMSIZE:
+            raise CheckpointError(f"{path}: tensor {name}: unknown dtype {dtype}")
+        if end - start != math.prod(shape) * ITEMSIZE[dtype]:
+            raise CheckpointError(f"{path}: tensor {name}: {end - start} bytes do not hold {dtype}{list(shape)}")
+        if data_start + end > size:
+            raise CheckpointError(
+                f"{path}: tensor {name} ends at byte {data_start + end} but the file has {size}: the shard is truncated"
+            )
+        tensors.append(TensorInfo(name, dtype, shape, path, data_start + start, end - start))
+    tensors.sort(key=lambda t: t.offset)
+    for prev, cur in zip(tensors, tensors[1:]):
+        if cur.offset < prev.offset + prev.nbytes:
+            raise CheckpointError(f"{path}: tensors {prev.name} and {cur.name} overlap")
+    return tensors
+
+
+def _size(f: BinaryIO) -> int:
+    here = f.tell()
+    size = f.seek(0, os.SEEK_END)
+    f.seek(here)
+    return size
+
+
+@dataclass(frozen=True)
+class BaseCheckpoint:
+    """The weights of an HF model directory: its shard files and every tensor, in storage order."""
+
+    path: str
+    files: list[str]
+    tensors: list[TensorInfo]
+
+
+def open_checkpoint(path: str) -> BaseCheckpoint:
+    """Sharded (index + files) or single `model.safetensors`; the index must match the shards."""
+    root = epath.Path(path)
+    if (root / INDEX).exists():
+        weight_map: dict[str, str] = json.loads((root / INDEX).read_text())["weight_map"]
+        files = sorted(set(weight_map.values()))
+    elif (root / SINGLE).exists():
+        weight_map, files = {}, [SINGLE]
+    else:
+        raise CheckpointError(f"{path}: neither {INDEX} nor {SINGLE}: not a Hugging Face safetensors checkpoint")
+    tensors: list[TensorInfo] = []
+    for name in files:
+        if not (root / name).exists():
+            needed = sorted(k for k, v in weight_map.items() if v == name)
+            raise CheckpointError(f"{path}: shard {name} is missing (it holds {needed[0]} and {len(needed) - 1} more)")
+        tensors += read_header(str(root / name))
+    where = {}
+    for t in tensors:
+        if t.name in where:
+            raise CheckpointError(f"{path}: tensor {t.name} is in both {where[t.name]} and {Path(t.file).name}")
+        where[t.name] = Path(t.file).name
+    for name, file in weight_map.items():
+        if where.get(name) != file:
+            raise CheckpointError(f"{path}: {INDEX} puts tensor {name} in {file}, but that shard does not hold it")
+    return BaseCheckpoint(path, files, tensors)
+
+
+class Reader:
+    """Reads byte ranges of the shards, one open file per shard, for one thread."""
+
+    def __init__(self) -> None:
+        self._files: dict[str, BinaryIO] = {}
+
+    def read_into(self, info: TensorInfo, start: int, buf: memoryview) -> None:
+        f = self._files.get(info.file)
+        if f is None:
+            f = self._files[info.file] = epath.Path(info.file).open("rb")
+        f.seek(info.offset + start)
+        got = 0
+        while got < len(buf):
+            n = f.readinto(buf[got:])
+            if not n:
+                raise CheckpointError(f"{info.file}: tensor {info.name}: file ended early (truncated while merging?)")
+            got += n
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+
+def header_bytes(entries: list[tuple[str, str, tuple[int, ...]]], metadata: dict[str, str]) -> bytes:
+    """The 8-byte length and JSON header of a shard holding (name, dtype, shape) in this order,
+    padded with spaces to 8 bytes as safetensors itself does."""
+    header: dict = {"__metadata__": metadata}
+    offset = 0
+    for name, dtype, shape in entries:
+        nbytes = math.prod(shape) * ITEMSIZE[dtype]
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+class ShardWriter:
+    """Writes one shard to `path`: the header, then tensor bytes in header order, hashed (sha256,
+    as the Hub identifies files). `close` checks every planned byte arrived and syncs to disk."""
+
+    def __init__(self, path: Path, header: bytes, data_bytes: int) -> None:
+        self.path, self.expected = path, len(header) + data_bytes
+        self._file = open(path, "wb")  # noqa: SIM115 (closed in close())
+        self._sha = hashlib.sha256()
+        self.written = 0
+        self.write(header)
+
+    def write(self, data: memoryview | bytes) -> None:
+        self._sha.update(data)
+        self._file.write(data)
+        self.written += len(data)
+
+    def close(self) -> str:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        if self.written != self.expected:
+            raise RuntimeError(f"{self.path}: wrote {self.written} bytes, planned {self.expected}")
+        return self._sha.hexdigest()
+
+    def abort(self) -> None:
+        self._file.close()
+
+
+class RowDelta(Protocol):
+    """Writes rows [start, stop) of a float32 delta, in the tensor's own layout, into `out`."""
+
+    def rows(self, start: int, stop: int, out: np.ndarray) -> None: ...
+
+
+def copy_tensor(reader: Reader, info: TensorInfo, writer: ShardWriter) -> None:
+    """Raw bytes through, a block at a time: no parsing, no conversion."""
+    buf = memoryview(bytearray(min(BLOCK_BYTES, info.nbytes)))
+    for start in range(0, info.nbytes, len(buf) or 1):
+        chunk = buf[: min(len(buf), info.nbytes - start)]
+        reader.read_into(info, start, chunk)
+        writer.write(chunk)
+
+
+def merge_tensor(reader: Reader, info: TensorInfo, delta: RowDelta, out_dtype: str, writer: ShardWriter) -> None:
+    """W + delta in float32, a block of rows at a time, cast to `out_dtype` (round to nearest even).
+    The buffers are allocated once per tensor: fresh large arrays per block cost page faults."""
+    in_dtype, out_np = FLOAT_DTYPES[info.dtype], FLOAT_DTYPES[out_dtype]
+    row_items = math.prod(info.shape[1:])
+    block = max(1, BLOCK_BYTES // (4 * row_items))
+    raw = np.empty((block, row_items), in_dtype)
+    acc, step = np.empty((block, row_items), np.float32), np.empty((block, row_items), np.float32)
+    out = np.empty((block, row_items), out_np)
+    for start, stop in _blocks(info.shape[0], block):
+        n = stop - start
+        reader.read_into(info, start * row_items * in_dtype.itemsize, memoryview(raw[:n].reshape(-1).view(np.uint8)))
+        acc[:n] = raw[:n]
+        delta.rows(start, stop, step[:n])
+        acc[:n] += step[:n]
+        out[:n] = acc[:n]
+        writer.write(memoryview(out[:n].reshape(-1).view(np.uint8)))
+
+
+def _blocks(n: int, size: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, n, size):
+        yield start, min(n, start + size)
