@@ -16,7 +16,7 @@ import pytest
 from safetensors import safe_open
 
 from gemma_workloads import merge, tiny
-from gemma_workloads.config import EXIT_INVALID_INPUT, EXIT_OK, MergeConfig
+from gemma_workloads.config import EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_OK, MergeConfig
 
 
 def run_merge(tmp_path: Path, **fields) -> tuple[int, dict]:
@@ -156,6 +156,21 @@ def test_an_output_holding_something_else_is_refused_and_left_alone(tiny_sharded
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
+def test_a_failure_mid_merge_stops_every_shard_and_publishes_nothing(tiny_sharded, lora_run, tmp_path, monkeypatch):
+    from gemma_workloads import lora_mapping
+
+    def broken(self, start, stop, out):
+        raise MemoryError("no room for the delta")
+
+    monkeypatch.setattr(lora_mapping.LoadedDelta, "rows", broken)
+    code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(lora_run[0]),
+                             output_dir=str(tmp_path / "out"), shard_size_bytes=100_000, workers=2)  # fmt: skip
+    assert code == EXIT_FAILED and result == {"status": "failed", "error": "MemoryError: no room for the delta"}
+    assert not (tmp_path / "out").exists()
+    finished = [p.name for p in (tmp_path / "out.partial" / ".done").iterdir()]
+    assert finished in ([], ["model-00001-of-00010.safetensors.json"]), "only the embedding's shard has no LoRA"
+
+
 def test_output_inside_an_input_is_refused(tiny_sharded, lora_run, tmp_path):
     code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(lora_run[0]),
                              output_dir=str(tiny_sharded.path / "merged"))  # fmt: skip
@@ -271,8 +286,9 @@ def test_peak_memory_does_not_grow_with_the_model(tmp_path):
         assert proc.returncode == EXIT_OK, out
         peaks[layers] = int(out.split("peak_rss_kib")[1].split()[0]) * 1024
         shutil.rmtree(base)
+    # A merge holding the model grows by more than the model; blocks in flight vary by ~20 MB.
     grown = 16 * 15.6e6
-    assert peaks[20] - peaks[4] < 0.1 * grown, f"peak RSS {peaks} grew with a model {grown / 1e6:.0f} MB larger"
+    assert peaks[20] - peaks[4] < 0.25 * grown, f"peak RSS {peaks} grew with a model {grown / 1e6:.0f} MB larger"
 
 
 @pytest.mark.slow

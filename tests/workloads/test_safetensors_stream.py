@@ -1,6 +1,7 @@
 """The hand-written safetensors streaming agrees with the safetensors library, byte for byte."""
 
 import json
+import os
 import struct
 
 import ml_dtypes
@@ -65,6 +66,14 @@ def test_headers_of_library_written_files_are_read(tmp_path):
         assert raw[info.offset : info.offset + info.nbytes] == value.tobytes()
 
 
+def write_blocks(blocks, writer, buffers=None):
+    for block in blocks:
+        data, buf = block() if callable(block) else block
+        writer.write(data)
+        if buf is not None:
+            buffers.give(buf)
+
+
 class Rows:
     def __init__(self, delta):
         self.delta = delta
@@ -74,7 +83,7 @@ class Rows:
 
 
 @pytest.mark.parametrize("src,dst", [("BF16", "BF16"), ("F32", "BF16"), ("BF16", "F32"), ("F16", "F16")])
-def test_merge_tensor_in_blocks_rounds_like_numpy(tmp_path, monkeypatch, src, dst):
+def test_merge_blocks_round_like_numpy(tmp_path, monkeypatch, src, dst):
     monkeypatch.setattr(sts, "BLOCK_BYTES", 4 * 11 * 5)  # 5 rows a block: 37 rows take 8 blocks
     base = rng.standard_normal((37, 11)).astype(sts.FLOAT_DTYPES[src])
     delta = (0.1 * rng.standard_normal((37, 11))).astype(np.float32)
@@ -83,8 +92,8 @@ def test_merge_tensor_in_blocks_rounds_like_numpy(tmp_path, monkeypatch, src, ds
     info = sts.TensorInfo(info.name, src, info.shape, info.file, info.offset, info.nbytes)  # U16 on disk for bf16
     out_bytes = 37 * 11 * sts.ITEMSIZE[dst]
     writer = sts.ShardWriter(tmp_path / "out.safetensors", sts.header_bytes([("w", dst, (37, 11))], {}), out_bytes)
-    reader = sts.Reader()
-    sts.merge_tensor(reader, info, Rows(delta), dst, writer)
+    reader, buffers = sts.Reader(), sts.Buffers(1)  # one buffer: each block must give it back
+    write_blocks(sts.merge_blocks(reader, info, Rows(delta), dst, buffers), writer, buffers)
     writer.close()
     reader.close()
     with safe_open(tmp_path / "out.safetensors", "flax") as f:
@@ -93,17 +102,36 @@ def test_merge_tensor_in_blocks_rounds_like_numpy(tmp_path, monkeypatch, src, ds
     assert got.tobytes() == expected.tobytes()
 
 
-def test_copy_tensor_is_raw_bytes_in_blocks(tmp_path, monkeypatch):
+def test_copy_blocks_are_raw_bytes(tmp_path, monkeypatch):
     monkeypatch.setattr(sts, "BLOCK_BYTES", 64)
     value = rng.standard_normal((50, 3)).astype(np.float32)
     save_file({"x": value}, tmp_path / "in.safetensors")
     info = sts.read_header(str(tmp_path / "in.safetensors"))[0]
     writer = sts.ShardWriter(tmp_path / "out.safetensors", sts.header_bytes([("x", "F32", (50, 3))], {}), value.nbytes)
-    sts.copy_tensor(sts.Reader(), info, writer)
+    write_blocks(sts.copy_blocks(sts.Reader(), info), writer)
     writer.close()
     assert sts.read_header(str(tmp_path / "out.safetensors"))[0].nbytes == value.nbytes
     with safe_open(tmp_path / "out.safetensors", "numpy") as f:
         assert f.get_tensor("x").tobytes() == value.tobytes()
+
+
+def test_ranges_are_the_same_mapped_or_read(tmp_path):
+    """gs:// ranges are read, local ones mapped (at any alignment): the same bytes either way."""
+    value = rng.standard_normal(5000).astype(np.float32)
+    save_file({"x": value}, tmp_path / "in.safetensors")
+    info = sts.read_header(str(tmp_path / "in.safetensors"))[0]
+    reader = sts.Reader()
+    for start, n in [(0, 20000), (4, 7), (4093, 9000)]:
+        assert bytes(reader.view(info, start, n)) == bytes(reader._read(info, start, n)) == value.tobytes()[start : start + n]
+    reader.close()
+
+
+def test_a_shard_truncated_during_the_merge_is_an_error_not_a_crash(tmp_path):
+    save_file({"x": np.zeros(5000, np.float32)}, tmp_path / "in.safetensors")
+    info = sts.read_header(str(tmp_path / "in.safetensors"))[0]
+    os.truncate(tmp_path / "in.safetensors", 1000)
+    with pytest.raises(sts.CheckpointError, match="tensor x: file ended early"):
+        sts.Reader().view(info, 0, info.nbytes)
 
 
 def test_writer_refuses_a_short_shard(tmp_path):

@@ -12,6 +12,7 @@ inputs is left as it is. Nothing is ever written to the base model or the checkp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -21,12 +22,17 @@ import shutil
 import sys
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import threading
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+from queue import Empty, Full, Queue
 
 from etils import epath
 from pydantic import ValidationError
+from threadpoolctl import threadpool_limits
 
 from gemma_workloads import lora_checkpoint, lora_mapping
 from gemma_workloads.config import (
@@ -46,12 +52,15 @@ from gemma_workloads.safetensors_stream import (
     ITEMSIZE,
     BaseCheckpoint,
     CheckpointError,
+    Block,
+    Buffers,
+    Chunk,
     Reader,
     ShardWriter,
     TensorInfo,
-    copy_tensor,
+    copy_blocks,
     header_bytes,
-    merge_tensor,
+    merge_blocks,
     open_checkpoint,
 )
 
@@ -164,26 +173,78 @@ def fingerprint(config: MergeConfig, base: BaseCheckpoint, ckpt: lora_checkpoint
 # ---------------------------------------------------------------------------- write
 
 
-def write_shard(staging: Path, shard: OutShard) -> dict:
-    """Write one shard as `<name>.tmp`, rename it when whole, then record it as finished."""
+def shard_blocks(reader: Reader, shard: OutShard, buffers: Buffers) -> Iterator[Block]:
+    for item in shard.items:
+        if item.delta is None:
+            yield from copy_blocks(reader, item.info)
+        else:
+            yield from merge_blocks(reader, item.info, item.delta.factors(), item.dtype, buffers)
+
+
+@dataclass(frozen=True)
+class Stages:
+    """What the shards being written share: the open base files, output buffers, the maths threads."""
+
+    reader: Reader
+    buffers: Buffers
+    pool: ThreadPoolExecutor
+    ahead: int  # blocks queued per shard between reading and writing
+    stop: threading.Event  # set when a shard fails, so the others stop too
+
+
+def write_shard(staging: Path, shard: OutShard, stages: Stages) -> dict:
+    """Write one shard as `<name>.tmp`, then rename it and record it as finished. Three stages
+    overlap: this thread reads blocks in order, the pool does their maths, and a writer thread
+    hashes and writes them in order."""
     tmp = staging / f"{shard.name}.tmp"
-    reader, writer = Reader(), ShardWriter(tmp, shard.header(), sum(i.nbytes for i in shard.items))
-    try:
-        for item in shard.items:
-            if item.delta is None:
-                copy_tensor(reader, item.info, writer)
-            else:
-                merge_tensor(reader, item.info, item.delta.factors(), item.dtype, writer)
-        sha256 = writer.close()
-    except BaseException:
-        writer.abort()
-        raise
-    finally:
-        reader.close()
+    writer = ShardWriter(tmp, shard.header(), sum(i.nbytes for i in shard.items))
+    queue: Queue[Future | None] = Queue(maxsize=stages.ahead)
+
+    def drain() -> None:
+        while (future := queue.get()) is not None:
+            data, buf = future.result()
+            writer.write(data)
+            if buf is not None:
+                stages.buffers.give(buf)
+
+    with ThreadPoolExecutor(1) as io:
+        drained = io.submit(drain)
+        try:
+            for block in shard_blocks(stages.reader, shard, stages.buffers):
+                _put(queue, stages.pool.submit(block) if callable(block) else _done(block), drained, stages.stop)
+            _put(queue, None, drained, stages.stop)
+            drained.result()
+            sha256 = writer.close()
+        except BaseException:
+            stages.stop.set()
+            while not drained.done():  # unblock the writer thread, then let it end
+                with contextlib.suppress(Empty):
+                    queue.get_nowait()
+                queue.put(None)
+            writer.abort()
+            raise
     os.replace(tmp, staging / shard.name)
     record = {"bytes": writer.written, "sha256": sha256}
     _write_json(staging / _DONE / f"{shard.name}.json", record)
     return record
+
+
+def _put(queue: Queue, item: Future | None, drained: Future, stop: threading.Event) -> None:
+    """Queue an item, waking up to notice a failed writer or another shard's failure."""
+    while True:
+        if drained.done():
+            drained.result()  # raises the writer's error
+            raise RuntimeError("the writer stopped early")
+        if stop.is_set():
+            raise InterruptedError("stopped: another shard failed")
+        with contextlib.suppress(Full):
+            return queue.put(item, timeout=0.1)
+
+
+def _done(value: Chunk) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
 
 
 def finished(staging: Path, shard: OutShard) -> dict | None:
@@ -295,15 +356,22 @@ def merge(config: MergeConfig) -> MergeResult:
     records = {s.name: r for s in shards if (r := finished(staging, s))}
     todo = [s for s in shards if s.name not in records]
     log.info("merge: step %d of %s into %s: %d shards, %d to write", ckpt.step, ckpt.checkpoint_dir, output, len(shards), len(todo))
-    with ThreadPoolExecutor(max_workers=config.workers) as pool:
-        futures = {pool.submit(write_shard, staging, s): s for s in todo}
+    # Blocks' maths on `workers` threads; two shards are written at a time, so one shard's final
+    # sync overlaps the next one's work. One BLAS thread each: OpenBLAS's own would spin against ours.
+    with threadpool_limits(1, "blas"), ThreadPoolExecutor(config.workers) as pool, ThreadPoolExecutor(2) as writers:
+        stop = threading.Event()
+        stages = Stages(Reader(), Buffers(4 * config.workers + 2, stop), pool, 2 * config.workers, stop)
+        futures = {writers.submit(write_shard, staging, s, stages): s for s in todo}
         try:
             for future in as_completed(futures):
                 records[futures[future].name] = future.result()
                 log.info("merge: %s done (%d/%d shards)", futures[future].name, len(records), len(shards))
         except BaseException:
-            pool.shutdown(cancel_futures=True)
+            stages.stop.set()
+            writers.shutdown(cancel_futures=True)
             raise
+        finally:
+            stages.reader.close()
     manifest = {
         "inputs": inputs,
         "base_model_path": config.base_model_path,
