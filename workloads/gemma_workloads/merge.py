@@ -1,40 +1,32 @@
 """`python -m gemma_workloads.merge --config FILE`: the LoRA adapter merged into HF safetensors.
 
-Runs on a CPU node after training. It streams: output shards are written in parallel, each a
-tensor and a block of rows at a time, so memory holds the LoRA state and a few blocks whatever
-the model's size, and tensors without LoRA are copied as raw bytes. Work happens in
-`<output>.partial/`; each finished shard is recorded there, so a re-run after a crash redoes only
-unfinished shards; the index and the manifest are written last and the folder is renamed into
-place, so a reader never sees a half-merged model. An output already holding a merge of the same
+Runs on a CPU node after training. It plans the output shards from the base's headers, then
+streams them (`shard_pipeline`): a block of rows at a time, so memory holds the LoRA state and
+a fixed number of blocks whatever the model's size, and tensors without LoRA go through as raw
+bytes. The output folder is built aside and published whole (`merge_output`): a killed merge
+resumes with the shards it had not finished, and an output already holding a merge of the same
 inputs is left as it is. Nothing is ever written to the base model or the checkpoints.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import logging
 import math
-import os
-import shutil
 import sys
 import time
 import traceback
-import threading
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from queue import Empty, Full, Queue
 
-from etils import epath
 from pydantic import ValidationError
 from threadpoolctl import threadpool_limits
 
-from gemma_workloads import lora_checkpoint, lora_mapping
+from gemma_workloads import lora_checkpoint, lora_mapping, merge_output
 from gemma_workloads.config import (
     EXIT_FAILED,
     EXIT_INVALID_INPUT,
@@ -45,29 +37,19 @@ from gemma_workloads.config import (
     MergeResult,
     write_termination_message,
 )
-from gemma_workloads.safetensors_stream import (
+from gemma_workloads.safetensors_io import (
     DTYPE_NAMES,
     FLOAT_DTYPES,
-    INDEX,
     ITEMSIZE,
     BaseCheckpoint,
     CheckpointError,
-    Block,
-    Buffers,
-    Chunk,
-    Reader,
-    ShardWriter,
     TensorInfo,
-    copy_blocks,
     header_bytes,
-    merge_blocks,
     open_checkpoint,
 )
+from gemma_workloads.shard_pipeline import Block, Pipeline, copy_blocks, merge_blocks, write_shard_file
 
-MANIFEST = "merge-manifest.json"
-_INPUTS = ".merge-inputs"  # in the staging folder: what its finished shards were made from
-_DONE = ".done"  # in the staging folder: one record per finished shard
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf", ".ckpt", ".index.json")
+MANIFEST = merge_output.MANIFEST
 _HEADER_METADATA = {"format": "pt"}  # transformers refuses safetensors without it
 
 log = logging.getLogger("gemma_workloads.merge")
@@ -77,7 +59,13 @@ class MergeError(ValueError):
     """Inputs that cannot be merged as asked; the message names the tensor, file or setting."""
 
 
-INPUT_ERRORS = (MergeError, CheckpointError, lora_mapping.LoraMappingError, lora_checkpoint.LoraCheckpointError)
+INPUT_ERRORS = (
+    MergeError,
+    CheckpointError,
+    merge_output.OutputError,
+    lora_mapping.LoraMappingError,
+    lora_checkpoint.LoraCheckpointError,
+)
 
 
 @dataclass(frozen=True)
@@ -173,161 +161,19 @@ def fingerprint(config: MergeConfig, base: BaseCheckpoint, ckpt: lora_checkpoint
 # ---------------------------------------------------------------------------- write
 
 
-def shard_blocks(reader: Reader, shard: OutShard, buffers: Buffers) -> Iterator[Block]:
-    for item in shard.items:
-        if item.delta is None:
-            yield from copy_blocks(reader, item.info)
-        else:
-            yield from merge_blocks(reader, item.info, item.delta.factors(), item.dtype, buffers)
+def write_shard(staging: Path, shard: OutShard, pipeline: Pipeline) -> dict:
+    """Write one shard in the staging folder and record it as finished."""
 
+    def blocks() -> Iterator[Block]:
+        for item in shard.items:
+            if item.delta is None:
+                yield from copy_blocks(pipeline.reader, item.info)
+            else:
+                yield from merge_blocks(pipeline.reader, item.info, item.delta.factors(), item.dtype, pipeline.buffers)
 
-@dataclass(frozen=True)
-class Stages:
-    """What the shards being written share: the open base files, output buffers, the maths threads."""
-
-    reader: Reader
-    buffers: Buffers
-    pool: ThreadPoolExecutor
-    ahead: int  # blocks queued per shard between reading and writing
-    stop: threading.Event  # set when a shard fails, so the others stop too
-
-
-def write_shard(staging: Path, shard: OutShard, stages: Stages) -> dict:
-    """Write one shard as `<name>.tmp`, then rename it and record it as finished. Three stages
-    overlap: this thread reads blocks in order, the pool does their maths, and a writer thread
-    hashes and writes them in order."""
-    tmp = staging / f"{shard.name}.tmp"
-    writer = ShardWriter(tmp, shard.header(), sum(i.nbytes for i in shard.items))
-    queue: Queue[Future | None] = Queue(maxsize=stages.ahead)
-
-    def drain() -> None:
-        while (future := queue.get()) is not None:
-            data, buf = future.result()
-            writer.write(data)
-            if buf is not None:
-                stages.buffers.give(buf)
-
-    with ThreadPoolExecutor(1) as io:
-        drained = io.submit(drain)
-        try:
-            for block in shard_blocks(stages.reader, shard, stages.buffers):
-                _put(queue, stages.pool.submit(block) if callable(block) else _done(block), drained, stages.stop)
-            _put(queue, None, drained, stages.stop)
-            drained.result()
-            sha256 = writer.close()
-        except BaseException:
-            stages.stop.set()
-            while not drained.done():  # unblock the writer thread, then let it end
-                with contextlib.suppress(Empty):
-                    queue.get_nowait()
-                queue.put(None)
-            writer.abort()
-            raise
-    os.replace(tmp, staging / shard.name)
-    record = {"bytes": writer.written, "sha256": sha256}
-    _write_json(staging / _DONE / f"{shard.name}.json", record)
-    return record
-
-
-def _put(queue: Queue, item: Future | None, drained: Future, stop: threading.Event) -> None:
-    """Queue an item, waking up to notice a failed writer or another shard's failure."""
-    while True:
-        if drained.done():
-            drained.result()  # raises the writer's error
-            raise RuntimeError("the writer stopped early")
-        if stop.is_set():
-            raise InterruptedError("stopped: another shard failed")
-        with contextlib.suppress(Full):
-            return queue.put(item, timeout=0.1)
-
-
-def _done(value: Chunk) -> Future:
-    future: Future = Future()
-    future.set_result(value)
-    return future
-
-
-def finished(staging: Path, shard: OutShard) -> dict | None:
-    """The record of a shard a previous run finished, if its file is whole."""
-    path = staging / _DONE / f"{shard.name}.json"
-    if not path.exists():
-        return None
-    record = json.loads(path.read_text())
-    done = staging / shard.name
-    if record["bytes"] != shard.file_bytes or not done.exists() or done.stat().st_size != record["bytes"]:
-        return None
-    return record
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
-
-
-def prepare_staging(staging: Path, inputs: str) -> None:
-    """Ready `<output>.partial` for these inputs, emptied first if it holds work from other inputs
-    (only ever files a merge made: anything else there is refused)."""
-    marker = staging / _INPUTS
-    if staging.exists() and not marker.exists() and read_manifest(staging) is None and any(staging.iterdir()):
-        raise MergeError(f"{staging} exists and was not made by a merge: move it away")
-    if staging.exists() and (not marker.exists() or marker.read_text() != inputs):
-        log.info("merge: %s holds a merge of other inputs: starting over", staging)
-        shutil.rmtree(staging)
-    (staging / _DONE).mkdir(parents=True, exist_ok=True)
-    marker.write_text(inputs)
-
-
-def copy_model_files(base_path: str, staging: Path) -> list[str]:
-    """Everything in the base directory but its weights: config, tokenizer, chat template,
-    processor config, licence."""
-    root, names = epath.Path(base_path), []
-    if not (root / "config.json").exists():
-        raise MergeError(f"{base_path}: config.json is missing")
-    for p in root.iterdir():
-        if p.is_file() and not p.name.startswith(".") and not p.name.endswith(_WEIGHT_SUFFIXES):
-            p.copy(epath.Path(staging / p.name), overwrite=True)
-            names.append(p.name)
-    return sorted(names)
-
-
-def publish(staging: Path, output: Path, shards: list[OutShard], records: dict[str, dict], manifest: dict) -> None:
-    """Index, then manifest, then one rename: the output appears whole or not at all."""
-    index = {
-        "metadata": {"total_size": sum(i.nbytes for s in shards for i in s.items)},
-        "weight_map": {i.info.name: s.name for s in shards for i in s.items},
-    }
-    _write_json(staging / INDEX, index)
-    _write_json(staging / MANIFEST, {**manifest, "files": records})
-    finish(staging, output)
-
-
-def finish(staging: Path, output: Path) -> None:
-    """Drop the bookkeeping and rename; safe to repeat after a crash at any point in it."""
-    shutil.rmtree(staging / _DONE, ignore_errors=True)
-    (staging / _INPUTS).unlink(missing_ok=True)
-    if output.exists():
-        output.rmdir()  # only an empty folder (a mount point, a pre-made directory) is replaced
-    os.rename(staging, output)
-
-
-def read_manifest(folder: Path) -> dict | None:
-    path = folder / MANIFEST
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def complete_merge(output: Path, inputs: str) -> dict | None:
-    """The manifest of a finished merge of these inputs at `output`, or None if there is none.
-    Anything else there is refused rather than overwritten."""
-    if not output.exists() or not any(output.iterdir()):
-        return None
-    manifest = read_manifest(output)
-    if manifest is None or manifest.get("inputs") != inputs:
-        raise MergeError(f"{output} already holds something other than a merge of these inputs: refusing to overwrite it")
-    for name, record in manifest["files"].items():
-        if not (output / name).exists() or (output / name).stat().st_size != record["bytes"]:
-            raise MergeError(f"{output}: {name} is missing or has the wrong size; delete the output to merge again")
-    return manifest
+    data_bytes = sum(i.nbytes for i in shard.items)
+    sha256 = write_shard_file(merge_output.shard_tmp(staging, shard.name), shard.header(), blocks(), data_bytes, pipeline)
+    return merge_output.record_shard(staging, shard.name, shard.file_bytes, sha256)
 
 
 # ---------------------------------------------------------------------------- run
@@ -337,41 +183,40 @@ def merge(config: MergeConfig) -> MergeResult:
     """Merge as configured; the result is what the termination message carries."""
     started = time.monotonic()
     output = Path(config.output_dir).absolute()
-    staging = output.with_name(output.name + ".partial")
+    staging = merge_output.staging_dir(output)
     _check_paths(config, output)
     base = open_checkpoint(config.base_model_path)
     ckpt = lora_checkpoint.locate(config.checkpoint_dir, config.step, config.lora)
     inputs = fingerprint(config, base, ckpt)
-    if done := complete_merge(output, inputs):
+    if done := merge_output.complete_merge(output, inputs):
         log.info("merge: %s already holds this merge (step %d): nothing to do", output, done["step"])
         return _result(output, done, 0, started)
-    if (staged := read_manifest(staging)) and staged["inputs"] == inputs:
-        finish(staging, output)  # a previous run stopped between its manifest and its rename
+    if (staged := merge_output.read_manifest(staging)) and staged["inputs"] == inputs:
+        merge_output.finish(staging, output)  # a previous run stopped between its manifest and its rename
         return _result(output, staged, 0, started)
 
     deltas = lora_mapping.deltas(lora_checkpoint.restore_params(ckpt), ckpt.lora.rank, ckpt.lora.alpha)
     check_targets(deltas, ckpt.lora.target_modules)
     shards = plan(base, merge_targets(base, deltas), config.dtype, config.shard_size_bytes)
-    prepare_staging(staging, inputs)
-    records = {s.name: r for s in shards if (r := finished(staging, s))}
+    merge_output.prepare_staging(staging, inputs)
+    records = {s.name: r for s in shards if (r := merge_output.finished(staging, s.name, s.file_bytes))}
     todo = [s for s in shards if s.name not in records]
     log.info("merge: step %d of %s into %s: %d shards, %d to write", ckpt.step, ckpt.checkpoint_dir, output, len(shards), len(todo))
-    # Blocks' maths on `workers` threads; two shards are written at a time, so one shard's final
-    # sync overlaps the next one's work. One BLAS thread each: OpenBLAS's own would spin against ours.
+    # Two shards at a time, so one's final sync overlaps the next one's work. One BLAS thread per
+    # worker: OpenBLAS's own threads would spin against ours.
     with threadpool_limits(1, "blas"), ThreadPoolExecutor(config.workers) as pool, ThreadPoolExecutor(2) as writers:
-        stop = threading.Event()
-        stages = Stages(Reader(), Buffers(4 * config.workers + 2, stop), pool, 2 * config.workers, stop)
-        futures = {writers.submit(write_shard, staging, s, stages): s for s in todo}
+        pipeline = Pipeline.create(pool, config.workers)
+        futures = {writers.submit(write_shard, staging, s, pipeline): s for s in todo}
         try:
             for future in as_completed(futures):
                 records[futures[future].name] = future.result()
                 log.info("merge: %s done (%d/%d shards)", futures[future].name, len(records), len(shards))
         except BaseException:
-            stages.stop.set()
+            pipeline.stop.set()
             writers.shutdown(cancel_futures=True)
             raise
         finally:
-            stages.reader.close()
+            pipeline.reader.close()
     manifest = {
         "inputs": inputs,
         "base_model_path": config.base_model_path,
@@ -380,9 +225,11 @@ def merge(config: MergeConfig) -> MergeResult:
         "lora": ckpt.lora.model_dump(),
         "dtype": config.dtype,
         "merged": sorted(i.info.name for s in shards for i in s.items if i.delta),
-        "copied_files": copy_model_files(config.base_model_path, staging),
+        "copied_files": merge_output.copy_model_files(config.base_model_path, staging),
     }
-    publish(staging, output, shards, {n: records[n] for n in sorted(records)}, manifest)
+    weight_map = {i.info.name: s.name for s in shards for i in s.items}
+    total_size = sum(i.nbytes for s in shards for i in s.items)
+    merge_output.publish(staging, output, weight_map, total_size, {n: records[n] for n in sorted(records)}, manifest)
     return _result(output, manifest, sum(records[s.name]["bytes"] for s in todo), started)
 
 

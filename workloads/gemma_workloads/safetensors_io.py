@@ -1,27 +1,22 @@
-"""Safetensors read and written a block at a time, so memory never holds a whole checkpoint.
+"""The safetensors format, read and written in pieces, so memory never holds a whole checkpoint.
 
-The format is an 8-byte little-endian header length, a JSON header (`name -> dtype, shape,
-data_offsets`), then the raw tensor bytes. Reading a tensor is a seek and a read; writing a shard
-is its header (all sizes are known from the plan) followed by each tensor's bytes in order. So
-tensors without LoRA go through as raw bytes, with no parsing or dtype conversion, and merged
-tensors are produced a block of rows at a time. Everything written is hashed on the way out.
+A file is an 8-byte little-endian header length, a JSON header (`name -> dtype, shape,
+data_offsets`), then the raw tensor bytes. Reading a tensor is mapping a byte range; writing a
+shard is its header (every size is known from the plan) and then each tensor's bytes at known
+offsets. So tensors without LoRA go through as raw bytes, with no parsing or dtype conversion.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import math
 import mmap
 import os
 import struct
 import threading
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from queue import Empty, Queue
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 
 import ml_dtypes
 import numpy as np
@@ -29,7 +24,6 @@ from etils import epath
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-BLOCK_BYTES = 8 << 20  # read per block: large enough for full disk speed, small for RSS
 
 ITEMSIZE = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
@@ -191,108 +185,3 @@ def header_bytes(entries: list[tuple[str, str, tuple[int, ...]]], metadata: dict
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-(8 + len(text)) % 8)
     return struct.pack("<Q", len(text)) + text
-
-
-class ShardWriter:
-    """Writes one shard to `path`: the header, then tensor bytes in header order, hashed (sha256,
-    as the Hub identifies files). `close` checks every planned byte arrived and syncs to disk."""
-
-    def __init__(self, path: Path, header: bytes, data_bytes: int) -> None:
-        self.path, self.expected = path, len(header) + data_bytes
-        self._file = open(path, "wb")  # noqa: SIM115 (closed in close())
-        self._sha = hashlib.sha256()
-        self.written = 0
-        self.write(header)
-
-    def write(self, data: memoryview | bytes) -> None:
-        self._sha.update(data)
-        self._file.write(data)
-        self.written += len(data)
-
-    def close(self) -> str:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        if self.written != self.expected:
-            raise RuntimeError(f"{self.path}: wrote {self.written} bytes, planned {self.expected}")
-        return self._sha.hexdigest()
-
-    def abort(self) -> None:
-        self._file.close()
-
-
-class RowDelta(Protocol):
-    """Writes rows [start, stop) of a float32 delta, in the tensor's own layout, into `out`."""
-
-    def rows(self, start: int, stop: int, out: np.ndarray) -> None: ...
-
-
-Chunk = tuple[memoryview, bytearray | None]  # bytes to write, and the `Buffers` buffer they lie in
-Block = Callable[[], Chunk] | Chunk  # bytes ready, or the maths that makes them
-
-
-class Buffers:
-    """A fixed set of output buffers, reused. Fresh memory is slow to touch (a page fault per
-    4 KiB: slower than the disk on a VM), and a fixed set bounds memory: reading waits while
-    every buffer is in flight. Each holds twice a read block, for float32 out of 16-bit in."""
-
-    def __init__(self, count: int, stop: threading.Event | None = None) -> None:
-        self._free: Queue[bytearray] = Queue()
-        self._stop = stop or threading.Event()
-        for _ in range(count):
-            self._free.put(bytearray(2 * BLOCK_BYTES))
-
-    def take(self) -> bytearray:
-        """The next free buffer; gives up once `stop` is set (a failed writer gives none back)."""
-        while not self._stop.is_set():
-            with contextlib.suppress(Empty):
-                return self._free.get(timeout=0.1)
-        raise InterruptedError("stopped: another shard failed")
-
-    def give(self, buf: bytearray) -> None:
-        self._free.put(buf)
-
-
-def copy_blocks(reader: Reader, info: TensorInfo) -> Iterator[Block]:
-    """Raw bytes through, a block at a time: no parsing, no conversion."""
-    for start, stop in _ranges(info.nbytes, BLOCK_BYTES):
-        yield reader.view(info, start, stop - start), None
-
-
-def merge_blocks(reader: Reader, info: TensorInfo, delta: RowDelta, out_dtype: str, buffers: Buffers) -> Iterator[Block]:
-    """A block of rows at a time, the maths left to whichever thread calls the block: W + delta
-    in float32, cast to `out_dtype` (round to nearest even) into a buffer from `buffers`."""
-    in_dtype, out_np = FLOAT_DTYPES[info.dtype], FLOAT_DTYPES[out_dtype]
-    row_items = math.prod(info.shape[1:])
-    for start, stop in _ranges(info.shape[0], max(1, BLOCK_BYTES // (in_dtype.itemsize * row_items))):
-        shape = (stop - start, row_items)
-        raw = np.frombuffer(reader.view(info, start * row_items * in_dtype.itemsize, math.prod(shape) * in_dtype.itemsize), in_dtype)
-        buf = buffers.take()
-
-        def block(buf: bytearray = buf, raw: np.ndarray = raw.reshape(shape), start: int = start, stop: int = stop) -> Chunk:
-            acc, step = _scratch(raw.shape, "acc"), _scratch(raw.shape, "step")
-            acc[...] = raw
-            delta.rows(start, stop, step)
-            acc += step
-            out = np.frombuffer(buf, out_np, acc.size).reshape(acc.shape)
-            np.copyto(out, acc, casting="unsafe")
-            return memoryview(buf)[: out.nbytes], buf
-
-        yield block
-
-
-_local = threading.local()
-
-
-def _scratch(shape: tuple[int, int], role: str) -> np.ndarray:
-    """A float32 buffer of this thread's, reused across blocks like `Buffers`."""
-    size = math.prod(shape)
-    buf = _local.__dict__.get(role)
-    if buf is None or buf.size < size:
-        buf = _local.__dict__[role] = np.empty(max(size, BLOCK_BYTES // 2), np.float32)
-    return buf[:size].reshape(shape)
-
-
-def _ranges(n: int, size: int) -> Iterator[tuple[int, int]]:
-    for start in range(0, n, size):
-        yield start, min(n, start + size)
