@@ -7,18 +7,20 @@ process and with the files evicted from the page cache first:
 - copy: the base's files copied and synced (what the disk can do),
 - merge: `python -m gemma_workloads.merge` (streaming),
 - in-memory: the whole base loaded into RAM, merged and saved, as tunix's generic saver does.
-It prints seconds, GB/s and peak RSS (VmHWM) of each and the ratios to the copy, then deletes
-everything it wrote.
+It prints seconds, GB/s, CPU seconds and peak RSS (VmHWM) of each and the ratios to the copy,
+then deletes everything it wrote.
 
-    python benchmarks/merge.py [--layers 2 6] [--vocab 65536] [--dir DIR]
+    python benchmarks/merge.py [--layers 2 6] [--vocab 65536] [--workers 2] [--dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -102,7 +104,7 @@ def run_merge(base: Path, ckpt: Path, out: Path) -> None:
     from gemma_workloads import merge
 
     config = MergeConfig(base_model_path=str(base), checkpoint_dir=str(ckpt), output_dir=str(out), dtype="bfloat16",
-                         termination_log=os.devnull)  # fmt: skip
+                         workers=int(os.environ.get("MERGE_WORKERS", "2")), termination_log=os.devnull)  # fmt: skip
     merge.merge(config)
 
 
@@ -136,13 +138,14 @@ RUNS = {"copy": run_copy, "merge": run_merge, "in-memory": run_in_memory}
 
 
 def measure(kind: str, *paths: Path) -> dict:
-    """One run in a fresh process: seconds (imports included) and peak RSS."""
-    started = time.monotonic()
+    """One run in a fresh process: seconds and CPU seconds (imports included), and peak RSS."""
+    before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
     proc = subprocess.run([sys.executable, __file__, "--run", kind, *map(str, paths)], capture_output=True, text=True)
-    seconds = time.monotonic() - started
+    seconds, after = time.monotonic() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode:
         raise RuntimeError(f"{kind} failed:\n{proc.stderr[-3000:]}")
-    return {"seconds": seconds, "peak_rss": int(proc.stdout.split("VmHWM")[-1].split()[0]) * 1024}
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return {"seconds": seconds, "cpu_seconds": cpu, "peak_rss": int(proc.stdout.split("VmHWM")[-1].split()[0]) * 1024}
 
 
 def child(kind: str, paths: list[str]) -> None:
@@ -159,11 +162,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 6])
     parser.add_argument("--vocab", type=int, default=65536, help="262144 in the real model; reduced to save disk")
     parser.add_argument("--dir", default=None, help="scratch folder (default: a new temporary folder)")
+    parser.add_argument("--workers", type=int, default=2, help="the merge's worker threads")
     parser.add_argument("--run", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         return child(args.run[0], args.run[1:])
 
+    os.environ["MERGE_WORKERS"] = str(args.workers)
     scratch = Path(tempfile.mkdtemp(prefix="merge-bench-", dir=args.dir))
     try:
         largest = sum(int(np.prod(s)) * 2 for s in config_31b(max(args.layers), args.vocab).tensor_shapes().values())
@@ -177,6 +182,8 @@ def main() -> None:
             base, ckpt = scratch / f"base-{layers}", scratch / f"ckpt-{layers}"
             size = write_base(base, config)
             tiny.write_lora_checkpoint(ckpt, config, rank=RANK, alpha=ALPHA)
+            lora_bytes = 4 * sum(math.prod(s) for m in tiny.lora_shapes(config, RANK).values() for s in m.values())
+            print(f"{layers} layers: LoRA state {lora_bytes / 2**30:.2f} GiB (float32)", flush=True)
             for kind in RUNS:
                 out = scratch / f"out-{layers}-{kind}"
                 evict(base, ckpt)
@@ -195,7 +202,8 @@ def _row(row: dict, rows: list[dict]) -> str:
     copy = next(r for r in rows if r["layers"] == row["layers"] and r["kind"] == "copy")
     rate = row["bytes"] / row["seconds"] / 1e9
     return (f"{row['layers']} layers {row['bytes'] / 1e9:5.2f} GB  {row['kind']:9s} {row['seconds']:6.1f} s "
-            f"{rate:5.2f} GB/s ({copy['seconds'] / row['seconds']:.2f}x copy)  peak RSS {row['peak_rss'] / 2**30:5.2f} GiB")  # fmt: skip
+            f"{rate:5.2f} GB/s ({copy['seconds'] / row['seconds']:.2f}x copy)  CPU {row['cpu_seconds']:5.1f} s  "
+            f"peak RSS {row['peak_rss'] / 2**30:5.2f} GiB")  # fmt: skip
 
 
 if __name__ == "__main__":
