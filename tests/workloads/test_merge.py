@@ -210,18 +210,48 @@ def test_missing_shard_is_named(base_copy, lora_run, tmp_path):
 
 def test_lora_target_missing_from_the_base_is_named(base_copy, lora_run, tmp_path):
     """A base without the global layer's k_proj: the LoRA on k_einsum has nowhere to go."""
-    from safetensors.numpy import load_file, save_file
-
-    index_path = base_copy / "model.safetensors.index.json"
-    index = json.loads(index_path.read_text())
-    name = "model.layers.1.self_attn.k_proj.weight"
-    shard = base_copy / index["weight_map"].pop(name)
-    save_file({k: v for k, v in load_file(shard).items() if k != name}, shard, metadata={"format": "pt"})
-    index_path.write_text(json.dumps(index))
+    rewrite_tensor(base_copy, "model.layers.1.self_attn.k_proj.weight", None)
     code, result = run_merge(tmp_path, base_model_path=str(base_copy), checkpoint_dir=str(lora_run[0]),
                              output_dir=str(tmp_path / "out"))  # fmt: skip
     assert code == EXIT_INVALID_INPUT
     assert result["error"].startswith("LoRA layers/1/k_einsum adapts layers.1.self_attn.k_proj.weight, which the base")
+
+
+def rewrite_tensor(base: Path, name: str, value) -> None:
+    """Replace (value) or drop (None) one tensor of a sharded base, keeping the index right."""
+    from safetensors.numpy import load_file, save_file
+
+    index_path = base / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shard = base / index["weight_map"][name]
+    tensors = load_file(shard)
+    if value is None:
+        del tensors[name], index["weight_map"][name]
+    else:
+        tensors[name] = value
+    save_file(tensors, shard, metadata={"format": "pt"})
+    index_path.write_text(json.dumps(index))
+
+
+def test_unsupported_dtype_at_a_lora_target_is_named(base_copy, lora_run, tmp_path):
+    name = "model.layers.0.mlp.up_proj.weight"
+    rewrite_tensor(base_copy, name, np.zeros((192, 96), np.float64))
+    code, result = run_merge(tmp_path, base_model_path=str(base_copy), checkpoint_dir=str(lora_run[0]),
+                             output_dir=str(tmp_path / "out"))  # fmt: skip
+    assert code == EXIT_INVALID_INPUT
+    assert result["error"] == f"{name}: dtype F64 cannot take a LoRA delta (supported: ['BF16', 'F16', 'F32'])"
+
+
+def test_lora_settings_come_from_the_config_without_lora_json(tiny_sharded, lora_run, merged_fp32, tmp_path):
+    ckpt = Path(shutil.copytree(lora_run[0], tmp_path / "ckpt"))
+    (ckpt / "lora.json").unlink()
+    common = dict(base_model_path=str(tiny_sharded.path), checkpoint_dir=str(ckpt), shard_size_bytes=300_000)
+    code, result = run_merge(tmp_path, output_dir=str(tmp_path / "a"), **common)
+    assert code == EXIT_INVALID_INPUT and "lora.json not found: set lora (rank, alpha, target_modules)" in result["error"]
+    code, result = run_merge(tmp_path, output_dir=str(tmp_path / "b"), lora={"rank": 4, "alpha": 8.0}, **common)
+    assert code == EXIT_OK, result
+    ours = json.loads((tmp_path / "b" / merge.MANIFEST).read_text())["files"]
+    assert ours == json.loads((merged_fp32[0] / merge.MANIFEST).read_text())["files"]
 
 
 def test_lora_of_another_model_size_is_named(tiny_sharded, tmp_path):
