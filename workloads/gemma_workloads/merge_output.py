@@ -60,8 +60,12 @@ def finished(staging: Path, name: str, planned_bytes: int) -> dict | None:
 
 
 def _write_json(path: Path, data: dict) -> None:
+    """Whole or absent, even after a power cut: written aside, synced, renamed."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
+    with tmp.open("w") as f:
+        f.write(json.dumps(data, indent=2))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -103,8 +107,13 @@ def finish(staging: Path, output: Path) -> None:
     shutil.rmtree(staging / _DONE, ignore_errors=True)
     (staging / _INPUTS).unlink(missing_ok=True)
     if output.exists():
-        output.rmdir()  # only an empty folder (a mount point, a pre-made directory) is replaced
+        output.rmdir()  # only an empty folder (one made in advance) is replaced
     os.rename(staging, output)
+    parent = os.open(output.parent, os.O_RDONLY)
+    try:
+        os.fsync(parent)  # the rename itself survives a power cut
+    finally:
+        os.close(parent)
 
 
 def read_manifest(folder: Path) -> dict | None:
