@@ -25,3 +25,38 @@ def token_ids() -> np.ndarray:
     """A batch twice the sliding window (16), so both attention kinds are exercised."""
     rng = np.random.default_rng(0)
     return rng.integers(6, 370, size=(2, 32)).astype(np.int32)
+
+
+@pytest.fixture(scope="session")
+def lora_run(tiny_sharded, token_ids, tmp_path_factory):
+    """A LoRA checkpoint saved the way training saves it (Tunix's checkpoint manager, with the
+    optimizer state, plus `lora.json`): step 1 as initialised (B = 0), step 2 with random non-zero
+    A and B. Returns the checkpoint dir, the JAX LoRA model's logits and its LoRA state at step 2."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    import orbax.checkpoint as ocp
+    from flax import nnx
+    from tunix.sft.checkpoint_manager import CheckpointManager
+
+    from gemma_workloads import lora, model
+    from gemma_workloads.config import LORA_METADATA, LoraConfig, LoraMetadata
+
+    config = LoraConfig(rank=4, alpha=8.0)
+    m, _ = model.load_model(str(tiny_sharded.path))
+    m = lora.apply_lora(m, config)
+    optimizer = nnx.Optimizer(m, optax.adam(1e-3), wrt=nnx.LoRAParam)
+    out = tmp_path_factory.mktemp("lora") / "checkpoints"
+    manager = CheckpointManager(str(out), options=ocp.CheckpointManagerOptions(save_interval_steps=1))
+    meta = LoraMetadata(**config.model_dump(exclude={"dropout"}), base_model_path=str(tiny_sharded.path), model_dtype="float32")
+    (out / LORA_METADATA).write_text(meta.model_dump_json())
+    manager.save(1, m, optimizer, save_only_lora_params=True, force=True)
+    leaves, treedef = jax.tree.flatten(lora.lora_state(m))
+    rng = np.random.default_rng(0)
+    nnx.update(m, jax.tree.unflatten(treedef, [jnp.asarray(rng.normal(0, 0.1, x.shape), jnp.float32) for x in leaves]))
+    manager.save(2, m, optimizer, save_only_lora_params=True, force=True)
+    manager.close()
+    t = token_ids.shape[1]
+    positions = jnp.tile(jnp.arange(t)[None], (token_ids.shape[0], 1))
+    logits, _ = m(jnp.asarray(token_ids), positions, None, jnp.tril(jnp.ones((token_ids.shape[0], t, t), dtype=bool)))
+    return out, np.asarray(logits), jax.tree.map(np.asarray, lora.lora_state(m).to_pure_dict())

@@ -302,3 +302,54 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ---------------------------------------------------------------------------- LoRA checkpoint
+
+
+def lora_shapes(config: TinyConfig, rank: int) -> dict[str, dict[str, tuple[int, ...]]]:
+    """Shapes of Qwix's LoRA A and B on every projection (`layers/<i>/attn/q_einsum/w_lora_a`),
+    as `lora.apply_lora` makes them, without building the model."""
+    d, f, n = config.hidden_size, config.intermediate_size, config.num_attention_heads
+    shapes = {}
+    for i, kind in enumerate(config.layer_types):
+        full = kind == "full_attention"
+        hd = config.global_head_dim if full else config.head_dim
+        kvh = config.num_global_key_value_heads if full else config.num_key_value_heads
+        attn = {"q_einsum": ((d, rank), (rank, n, hd)), "attn_vec_einsum": ((n, hd, rank), (rank, d))}
+        if full and config.attention_k_eq_v:
+            attn["k_einsum"] = ((d, rank), (rank, kvh, hd))
+        else:
+            attn["kv_einsum"] = ((d, rank), (rank, 2, kvh, hd))
+        mlp = {"gate_proj": ((d, rank), (rank, f)), "up_proj": ((d, rank), (rank, f)), "down_proj": ((f, rank), (rank, d))}
+        for part, modules in (("attn", attn), ("mlp", mlp)):
+            weight = "w" if part == "attn" else "kernel"
+            for module, (a, b) in modules.items():
+                shapes[f"layers/{i}/{part}/{module}"] = {f"{weight}_lora_a": a, f"{weight}_lora_b": b}
+    return shapes
+
+
+def write_lora_checkpoint(
+    checkpoint_dir: str | Path, config: TinyConfig, *, rank: int, alpha: float, step: int = 1, seed: int = 0, std: float = 0.05
+) -> None:
+    """A LoRA checkpoint in the training layout (Orbax step folder with `model_params`, `lora.json`)
+    with random non-zero A and B, for models too large to build in a test or benchmark."""
+    import orbax.checkpoint as ocp
+
+    from gemma_workloads.config import LORA_METADATA, LORA_MODULES, LoraMetadata
+
+    rng = np.random.default_rng(seed)
+    tree: dict = {}
+    for path, params in lora_shapes(config, rank).items():
+        node = tree
+        for part in path.split("/"):
+            node = node.setdefault(part, {})
+        node.update({name: (std * rng.standard_normal(shape)).astype(np.float32) for name, shape in params.items()})
+    root = Path(checkpoint_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    meta = LoraMetadata(rank=rank, alpha=alpha, target_modules=list(LORA_MODULES), base_model_path="", model_dtype="float32")
+    (root / LORA_METADATA).write_text(meta.model_dump_json())
+    manager = ocp.CheckpointManager(root, item_handlers={"model_params": ocp.PyTreeCheckpointHandler()})
+    manager.save(step, args=ocp.args.Composite(model_params=ocp.args.PyTreeSave(tree)), force=True)
+    manager.wait_until_finished()
+    manager.close()

@@ -1,0 +1,351 @@
+"""The merge Job: merged safetensors compute what the JAX LoRA model computes, and the Job is
+safe to kill, re-run and point at bad inputs."""
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from gemma_workloads import merge, tiny
+from gemma_workloads.config import EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_OK, MergeConfig
+
+
+def run_merge(tmp_path: Path, **fields) -> tuple[int, dict]:
+    """The Job's entry point, in process; returns the exit code and the termination message."""
+    fields.setdefault("dtype", "float32")
+    config = MergeConfig(termination_log=str(tmp_path / "termination-log"), **fields)
+    path = tmp_path / "merge-config.json"
+    path.write_text(config.dumps())
+    code = merge.main(["--config", str(path)])
+    return code, json.loads(Path(config.termination_log).read_text())
+
+
+def tensors(path: Path) -> dict[str, np.ndarray]:
+    out = {}
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(f, "flax") as st:
+            out.update({k: np.asarray(st.get_tensor(k)) for k in st.keys()})
+    return out
+
+
+def digest(*dirs: Path) -> str:
+    h = hashlib.sha256()
+    for d in dirs:
+        for p in sorted(d.rglob("*")):
+            if p.is_file():
+                h.update(str(p.relative_to(d)).encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def merged_fp32(tiny_sharded, lora_run, tmp_path_factory):
+    """The fp32 merge of step 2 (the latest) into the sharded base, and what it returned."""
+    tmp = tmp_path_factory.mktemp("merged")
+    before = digest(tiny_sharded.path, lora_run[0])
+    code, result = run_merge(tmp, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(lora_run[0]),
+                             output_dir=str(tmp / "out"), shard_size_bytes=300_000)  # fmt: skip
+    assert code == EXIT_OK, result
+    assert digest(tiny_sharded.path, lora_run[0]) == before, "the merge must never write to its inputs"
+    return tmp / "out", result
+
+
+def test_merged_model_matches_the_jax_lora_model(merged_fp32, lora_run, token_ids):
+    from test_model import hf_logits
+
+    out, result = merged_fp32
+    ours, reference = hf_logits(out, token_ids), lora_run[1]
+    assert np.abs(ours - reference).max() <= 1e-5
+    assert (ours.argmax(-1) == reference.argmax(-1)).all()
+    # 6 Tunix modules on each of 2 layers; kv_einsum gives k_proj and v_proj: 13 tensors.
+    assert result["tensors_merged"] == 13 and result["status"] == "succeeded"
+
+
+def test_output_is_a_complete_hf_model_directory(merged_fp32, tiny_sharded, lora_run):
+    out, result = merged_fp32
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(shards) > 1 and set(index["weight_map"].values()) == set(shards)
+    assert all(len(name) == len("model-00001-of-00004.safetensors") for name in shards)
+    assert set(index["weight_map"]) == set(tiny_sharded.config.tensor_shapes())
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (out / name).read_bytes() == (tiny_sharded.path / name).read_bytes(), name
+    manifest = json.loads((out / merge.MANIFEST).read_text())
+    assert manifest["step"] == 2 and manifest["lora"]["rank"] == 4 and len(manifest["merged"]) == 13
+    for name in shards:
+        record = manifest["files"][name]
+        assert record["sha256"] == hashlib.sha256((out / name).read_bytes()).hexdigest()
+        assert record["bytes"] == (out / name).stat().st_size
+    assert result["bytes_written"] == sum(r["bytes"] for r in manifest["files"].values())
+    assert not (out.parent / "out.partial").exists()
+
+
+def test_tensors_without_lora_are_copied_bit_for_bit(merged_fp32, tiny_sharded):
+    base, out = tensors(tiny_sharded.path), tensors(merged_fp32[0])
+    merged = set(json.loads((merged_fp32[0] / merge.MANIFEST).read_text())["merged"])
+    for name, value in base.items():
+        if name not in merged:
+            assert out[name].tobytes() == value.tobytes(), name
+        else:
+            assert not np.array_equal(out[name], value), f"{name} should have changed"
+
+
+def test_zero_lora_reproduces_the_base_bit_for_bit(tiny_sharded, lora_run, tmp_path):
+    code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(lora_run[0]),
+                             step=1, output_dir=str(tmp_path / "out"))  # fmt: skip
+    assert code == EXIT_OK, result
+    base, out = tensors(tiny_sharded.path), tensors(tmp_path / "out")
+    assert base.keys() == out.keys()
+    assert all(out[k].tobytes() == v.tobytes() for k, v in base.items())
+
+
+def test_single_file_base_with_the_released_key_prefix(tiny_single, tiny_sharded, merged_fp32, lora_run, tmp_path):
+    """`model.language_model.` keys in one model.safetensors get the same deltas as `model.` keys."""
+    code, result = run_merge(tmp_path, base_model_path=str(tiny_single.path), checkpoint_dir=str(lora_run[0]),
+                             output_dir=str(tmp_path / "out"))  # fmt: skip
+    assert code == EXIT_OK, result
+    base, out = tensors(tiny_single.path), tensors(tmp_path / "out")
+    ref_base, ref_out = tensors(tiny_sharded.path), tensors(merged_fp32[0])
+    assert out.keys() == base.keys() and all(k.startswith("model.language_model.") for k in out)
+    for name in base:
+        short = name.replace("model.language_model.", "model.")
+        np.testing.assert_allclose(out[name] - base[name], ref_out[short] - ref_base[short], atol=1e-6)
+    assert result["tensors_merged"] == 13
+
+
+def test_bf16_merge_is_the_fp32_merge_rounded(tmp_path, lora_run, merged_fp32, tiny_sharded):
+    base_path = tiny.write_checkpoint(tmp_path / "base-bf16", shards=2, dtype="bfloat16").path
+    code, result = run_merge(tmp_path, base_model_path=str(base_path), checkpoint_dir=str(lora_run[0]),
+                             output_dir=str(tmp_path / "out"), dtype="bfloat16")  # fmt: skip
+    assert code == EXIT_OK, result
+    base, out = tensors(base_path), tensors(tmp_path / "out")
+    ref_base, ref_out = tensors(tiny_sharded.path), tensors(merged_fp32[0])
+    for name in base:
+        assert out[name].dtype == ml_dtypes.bfloat16, name
+        exact = base[name].astype(np.float32) + (ref_out[name] - ref_base[name])
+        got = out[name].astype(np.float32)
+        # Round to nearest: within half a bf16 ulp (8 significant bits) of the exact sum.
+        assert (np.abs(got - exact) <= np.abs(exact) * 2.0**-8 + 1e-30).all(), name
+        assert (out[name] == exact.astype(ml_dtypes.bfloat16)).mean() > 0.999, name
+
+
+def test_rerun_on_a_finished_merge_changes_nothing(merged_fp32, tiny_sharded, lora_run):
+    out, _ = merged_fp32
+    before = {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in out.iterdir()}
+    code, result = run_merge(out.parent, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(lora_run[0]),
+                             output_dir=str(out), shard_size_bytes=300_000)  # fmt: skip
+    assert code == EXIT_OK and result["bytes_written"] == 0 and result["tensors_merged"] == 13
+    assert {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in out.iterdir()} == before
+
+
+def test_an_output_holding_something_else_is_refused_and_left_alone(tiny_sharded, lora_run, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(lora_run[0]),
+                             output_dir=str(out))  # fmt: skip
+    assert code == EXIT_INVALID_INPUT and "refusing to overwrite" in result["error"]
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_a_failure_mid_merge_stops_every_shard_and_publishes_nothing(tiny_sharded, lora_run, tmp_path, monkeypatch):
+    from gemma_workloads import lora_mapping
+
+    def broken(self, start, stop, out):
+        raise MemoryError("no room for the delta")
+
+    monkeypatch.setattr(lora_mapping.LoadedDelta, "rows", broken)
+    code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(lora_run[0]),
+                             output_dir=str(tmp_path / "out"), shard_size_bytes=100_000, workers=2)  # fmt: skip
+    assert code == EXIT_FAILED and result == {"status": "failed", "error": "MemoryError: no room for the delta"}
+    assert not (tmp_path / "out").exists()
+    finished = [p.name for p in (tmp_path / "out.partial" / ".done").iterdir()]
+    assert finished in ([], ["model-00001-of-00010.safetensors.json"]), "only the embedding's shard has no LoRA"
+
+
+def test_output_inside_an_input_is_refused(tiny_sharded, lora_run, tmp_path):
+    code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(lora_run[0]),
+                             output_dir=str(tiny_sharded.path / "merged"))  # fmt: skip
+    assert code == EXIT_INVALID_INPUT and "never writes into its inputs" in result["error"]
+
+
+@pytest.fixture
+def base_copy(tiny_sharded, tmp_path) -> Path:
+    return Path(shutil.copytree(tiny_sharded.path, tmp_path / "base"))
+
+
+def test_truncated_shard_is_named(base_copy, lora_run, tmp_path):
+    shard = base_copy / "model-00002-of-00003.safetensors"
+    os.truncate(shard, shard.stat().st_size - 100)
+    code, result = run_merge(tmp_path, base_model_path=str(base_copy), checkpoint_dir=str(lora_run[0]),
+                             output_dir=str(tmp_path / "out"))  # fmt: skip
+    assert code == EXIT_INVALID_INPUT
+    assert "model-00002-of-00003.safetensors: tensor model." in result["error"] and "truncated" in result["error"]
+
+
+def test_corrupted_header_is_named(base_copy, lora_run, tmp_path):
+    shard = base_copy / "model-00001-of-00003.safetensors"
+    with shard.open("r+b") as f:
+        f.seek(8)
+        f.write(b"\x00garbage")
+    code, result = run_merge(tmp_path, base_model_path=str(base_copy), checkpoint_dir=str(lora_run[0]),
+                             output_dir=str(tmp_path / "out"))  # fmt: skip
+    assert code == EXIT_INVALID_INPUT and "model-00001-of-00003.safetensors: unreadable safetensors header" in result["error"]
+
+
+def test_missing_shard_is_named(base_copy, lora_run, tmp_path):
+    (base_copy / "model-00003-of-00003.safetensors").unlink()
+    code, result = run_merge(tmp_path, base_model_path=str(base_copy), checkpoint_dir=str(lora_run[0]),
+                             output_dir=str(tmp_path / "out"))  # fmt: skip
+    assert code == EXIT_INVALID_INPUT and "shard model-00003-of-00003.safetensors is missing" in result["error"]
+
+
+def test_lora_target_missing_from_the_base_is_named(base_copy, lora_run, tmp_path):
+    """A base without the global layer's k_proj: the LoRA on k_einsum has nowhere to go."""
+    rewrite_tensor(base_copy, "model.layers.1.self_attn.k_proj.weight", None)
+    code, result = run_merge(tmp_path, base_model_path=str(base_copy), checkpoint_dir=str(lora_run[0]),
+                             output_dir=str(tmp_path / "out"))  # fmt: skip
+    assert code == EXIT_INVALID_INPUT
+    assert result["error"].startswith("LoRA layers/1/k_einsum adapts layers.1.self_attn.k_proj.weight, which the base")
+
+
+def rewrite_tensor(base: Path, name: str, value) -> None:
+    """Replace (value) or drop (None) one tensor of a sharded base, keeping the index right."""
+    from safetensors.numpy import load_file, save_file
+
+    index_path = base / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shard = base / index["weight_map"][name]
+    tensors = load_file(shard)
+    if value is None:
+        del tensors[name], index["weight_map"][name]
+    else:
+        tensors[name] = value
+    save_file(tensors, shard, metadata={"format": "pt"})
+    index_path.write_text(json.dumps(index))
+
+
+def test_unsupported_dtype_at_a_lora_target_is_named(base_copy, lora_run, tmp_path):
+    name = "model.layers.0.mlp.up_proj.weight"
+    rewrite_tensor(base_copy, name, np.zeros((192, 96), np.float64))
+    code, result = run_merge(tmp_path, base_model_path=str(base_copy), checkpoint_dir=str(lora_run[0]),
+                             output_dir=str(tmp_path / "out"))  # fmt: skip
+    assert code == EXIT_INVALID_INPUT
+    assert result["error"] == f"{name}: dtype F64 cannot take a LoRA delta (supported: ['BF16', 'F16', 'F32'])"
+
+
+def test_lora_settings_come_from_the_config_without_lora_json(tiny_sharded, lora_run, merged_fp32, tmp_path):
+    ckpt = Path(shutil.copytree(lora_run[0], tmp_path / "ckpt"))
+    (ckpt / "lora.json").unlink()
+    common = dict(base_model_path=str(tiny_sharded.path), checkpoint_dir=str(ckpt), shard_size_bytes=300_000)
+    code, result = run_merge(tmp_path, output_dir=str(tmp_path / "a"), **common)
+    assert code == EXIT_INVALID_INPUT and "lora.json not found: set lora (rank, alpha, target_modules)" in result["error"]
+    code, result = run_merge(tmp_path, output_dir=str(tmp_path / "b"), lora={"rank": 4, "alpha": 8.0}, **common)
+    assert code == EXIT_OK, result
+    ours = json.loads((tmp_path / "b" / merge.MANIFEST).read_text())["files"]
+    assert ours == json.loads((merged_fp32[0] / merge.MANIFEST).read_text())["files"]
+
+
+def test_lora_of_another_model_size_is_named(tiny_sharded, tmp_path):
+    other = tiny.TinyConfig(intermediate_size=128)
+    tiny.write_lora_checkpoint(tmp_path / "ckpt", other, rank=2, alpha=2.0)
+    code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(tmp_path / "ckpt"),
+                             output_dir=str(tmp_path / "out"))  # fmt: skip
+    assert code == EXIT_INVALID_INPUT
+    assert result["error"] == "model.layers.0.mlp.down_proj.weight: base shape [96, 192] but LoRA layers/0/down_proj gives [96, 128]"
+
+
+def test_step_selection(tiny_sharded, lora_run, tmp_path):
+    """The latest complete step is used; Orbax's temporary folders and uncommitted steps are not."""
+    ckpt = Path(shutil.copytree(lora_run[0], tmp_path / "ckpt"))
+    shutil.copytree(ckpt / "2", ckpt / "3.orbax-checkpoint-tmp-17")  # a save in progress
+    shutil.copytree(ckpt / "2", ckpt / "4")
+    (ckpt / "4" / "_CHECKPOINT_METADATA").unlink()  # a step copied in part
+    from gemma_workloads import lora_checkpoint
+
+    assert lora_checkpoint.complete_steps(str(ckpt)) == [1, 2]
+    assert lora_checkpoint.locate(str(ckpt), None, None).step == 2
+    code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(ckpt), step=4,
+                             output_dir=str(tmp_path / "out"))  # fmt: skip
+    assert code == EXIT_INVALID_INPUT and result["error"].endswith("step 4 is not a complete checkpoint (complete: [1, 2])")
+
+
+# ---------------------------------------------------------------------------- crash and memory
+
+MID = tiny.TinyConfig(hidden_size=512, intermediate_size=2048, num_attention_heads=8, head_dim=64, num_key_value_heads=4,
+                      global_head_dim=128, num_global_key_value_heads=2)  # fmt: skip
+
+
+def mid_model(root: Path, layers: int, shards: int) -> tuple[Path, Path]:
+    """A wider model (15.6 MB of fp32 weights a layer) and a rank-4 LoRA for it."""
+    config = tiny.TinyConfig(**{**MID.__dict__, "layer_types": ("sliding_attention", "full_attention") * (layers // 2)})
+    base = tiny.write_checkpoint(root / f"base-{layers}", config, shards=shards).path
+    tiny.write_lora_checkpoint(root / f"ckpt-{layers}", config, rank=4, alpha=8.0)
+    return base, root / f"ckpt-{layers}"
+
+
+def merge_process(config: MergeConfig, path: Path) -> subprocess.Popen:
+    path.write_text(config.dumps())
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so a child of this (large)
+    # test process would report the parent's peak.
+    code = (
+        "import re, sys\nfrom gemma_workloads.merge import main\ncode = main(sys.argv[1:])\n"
+        "hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
+        "print('peak_rss_kib', hwm, flush=True)\nsys.exit(code)"
+    )
+    return subprocess.Popen([sys.executable, "-c", code, "--config", str(path)], stdout=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_peak_memory_does_not_grow_with_the_model(tmp_path):
+    peaks = {}
+    for layers, shards in ((4, 2), (20, 8)):
+        base, ckpt = mid_model(tmp_path, layers, shards)
+        config = MergeConfig(base_model_path=str(base), checkpoint_dir=str(ckpt), output_dir=str(tmp_path / f"out-{layers}"),
+                             dtype="float32", shard_size_bytes=40 << 20, termination_log=str(tmp_path / "log"))  # fmt: skip
+        proc = merge_process(config, tmp_path / f"config-{layers}.json")
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == EXIT_OK, out
+        peaks[layers] = int(out.split("peak_rss_kib")[1].split()[0]) * 1024
+        shutil.rmtree(base)
+    # A merge holding the model grows by more than the model; blocks in flight vary by ~20 MB.
+    grown = 16 * 15.6e6
+    assert peaks[20] - peaks[4] < 0.25 * grown, f"peak RSS {peaks} grew with a model {grown / 1e6:.0f} MB larger"
+
+
+@pytest.mark.slow
+def test_killed_merge_resumes_with_only_the_missing_shards(tmp_path):
+    base, ckpt = mid_model(tmp_path, 8, 3)
+    common = dict(base_model_path=str(base), checkpoint_dir=str(ckpt), dtype="float32", shard_size_bytes=1 << 20,
+                  workers=1, termination_log=str(tmp_path / "log"))  # fmt: skip
+    out = tmp_path / "out"
+    proc = merge_process(MergeConfig(output_dir=str(out), **common), tmp_path / "config.json")
+    for line in proc.stdout:
+        if " done (" in line:
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    staging = tmp_path / "out.partial"
+    assert not out.exists() and staging.exists(), "a killed merge must not publish anything"
+    finished = {p.name.removesuffix(".json") for p in (staging / ".done").glob("*.json")}
+    assert finished, "the kill came after a shard was recorded"
+
+    code, result = run_merge(tmp_path, output_dir=str(out), **{k: v for k, v in common.items() if k != "termination_log"})
+    assert code == EXIT_OK, result
+    manifest = json.loads((out / merge.MANIFEST).read_text())
+    total = sum(r["bytes"] for r in manifest["files"].values())
+    redone = total - sum(manifest["files"][n]["bytes"] for n in finished)
+    assert result["bytes_written"] == redone < total
+    code, _ = run_merge(tmp_path, output_dir=str(tmp_path / "fresh"), **{k: v for k, v in common.items() if k != "termination_log"})
+    assert code == EXIT_OK
+    fresh = json.loads((tmp_path / "fresh" / merge.MANIFEST).read_text())
+    assert fresh["files"] == manifest["files"], "a resumed merge must equal an uninterrupted one, byte for byte"

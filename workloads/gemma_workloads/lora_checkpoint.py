@@ -1,0 +1,100 @@
+"""Read the LoRA adapter that training checkpointed, without building the model.
+
+Training writes Orbax checkpoints through Tunix's checkpoint manager: one folder per step under
+`checkpoint_dir`, holding the items `model_params` (the LoRA parameters only) and
+`optimizer_state`, plus `lora.json` (rank, alpha, targets) beside the steps. The merge restores
+`model_params` alone, as host numpy arrays: the arrays' saved shardings name TPU devices a CPU
+node does not have, and the base model is never needed to give the tree its structure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+from gemma_workloads.config import LORA_METADATA, LoraConfig, LoraMetadata
+
+ITEM = "model_params"
+STEP_METADATA = "_CHECKPOINT_METADATA"  # Orbax writes its commit timestamp when the step is final
+
+
+class LoraCheckpointError(ValueError):
+    """No usable LoRA checkpoint; the message says what is missing where."""
+
+
+@dataclass(frozen=True)
+class LoraCheckpoint:
+    checkpoint_dir: str
+    path: str  # the step folder
+    step: int
+    lora: LoraConfig
+    commit: str  # the step's Orbax metadata: identifies this save of this step
+
+
+def _manager(checkpoint_dir: str) -> ocp.CheckpointManager:
+    logging.getLogger("absl").setLevel(logging.ERROR)  # read-only mode warns about itself
+    return ocp.CheckpointManager(
+        checkpoint_dir,
+        item_handlers={ITEM: ocp.PyTreeCheckpointHandler()},
+        options=ocp.CheckpointManagerOptions(read_only=True),
+    )
+
+
+def complete_steps(checkpoint_dir: str) -> list[int]:
+    """Steps Orbax lists as final (it skips its temporary folders) whose commit is recorded and
+    whose `model_params` exist: a folder copied in part, or from an aborted save, is skipped."""
+    manager = _manager(checkpoint_dir)
+    root = epath.Path(checkpoint_dir)
+    steps = []
+    for step in manager.all_steps():
+        folder = root / str(step)
+        try:
+            committed = "commit_timestamp_nsecs" in json.loads((folder / STEP_METADATA).read_text())
+        except (OSError, ValueError):
+            committed = False
+        if committed and (folder / ITEM).exists():
+            steps.append(step)
+    return sorted(steps)
+
+
+def resolve_lora(checkpoint_dir: str, override: LoraConfig | None) -> LoraConfig:
+    """The config's LoRA settings, else the checkpoint's `lora.json`."""
+    if override is not None:
+        return override
+    path = epath.Path(checkpoint_dir) / LORA_METADATA
+    if not path.exists():
+        raise LoraCheckpointError(f"{path} not found: set lora (rank, alpha, target_modules) in the merge config")
+    meta = LoraMetadata.model_validate_json(path.read_text())
+    return LoraConfig(rank=meta.rank, alpha=meta.alpha, target_modules=meta.target_modules)
+
+
+def locate(checkpoint_dir: str, step: int | None, override: LoraConfig | None) -> LoraCheckpoint:
+    """The step to merge (None: the latest complete one) and its LoRA settings; reads no arrays."""
+    if not epath.Path(checkpoint_dir).exists():
+        raise LoraCheckpointError(f"checkpoint directory {checkpoint_dir} does not exist")
+    steps = complete_steps(checkpoint_dir)
+    if step is None:
+        if not steps:
+            raise LoraCheckpointError(f"{checkpoint_dir}: no complete checkpoint step")
+        step = steps[-1]
+    elif step not in steps:
+        raise LoraCheckpointError(f"{checkpoint_dir}: step {step} is not a complete checkpoint (complete: {steps})")
+    folder = epath.Path(checkpoint_dir) / str(step)
+    lora = resolve_lora(checkpoint_dir, override)
+    return LoraCheckpoint(checkpoint_dir, str(folder), step, lora, (folder / STEP_METADATA).read_text())
+
+
+def restore_params(ckpt: LoraCheckpoint) -> dict[str, Any]:
+    """`model_params` of the step as a nested dict of numpy arrays, as saved."""
+    manager = _manager(ckpt.checkpoint_dir)
+    metadata = manager.item_metadata(ckpt.step)[ITEM]
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata.tree)
+    restored = manager.restore(ckpt.step, args=ocp.args.Composite(**{ITEM: ocp.args.PyTreeRestore(restore_args=as_numpy)}))
+    return restored[ITEM]

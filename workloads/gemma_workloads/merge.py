@@ -1,0 +1,284 @@
+"""`python -m gemma_workloads.merge --config FILE`: the LoRA adapter merged into HF safetensors.
+
+Runs on a CPU node after training. It plans the output shards from the base's headers, then
+streams them (`shard_pipeline`): a block of rows at a time, so memory holds the LoRA state and
+a fixed number of blocks whatever the model's size, and tensors without LoRA go through as raw
+bytes. The output folder is built aside and published whole (`merge_output`): a killed merge
+resumes with the shards it had not finished, and an output already holding a merge of the same
+inputs is left as it is. Nothing is ever written to the base model or the checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+from threadpoolctl import threadpool_limits
+
+from gemma_workloads import lora_checkpoint, lora_mapping, merge_output
+from gemma_workloads.config import (
+    EXIT_FAILED,
+    EXIT_INVALID_INPUT,
+    EXIT_OK,
+    LORA_MODULES,
+    TERMINATION_LOG,
+    MergeConfig,
+    MergeResult,
+    write_termination_message,
+)
+from gemma_workloads.safetensors_io import (
+    DTYPE_NAMES,
+    FLOAT_DTYPES,
+    ITEMSIZE,
+    BaseCheckpoint,
+    CheckpointError,
+    TensorInfo,
+    header_bytes,
+    open_checkpoint,
+)
+from gemma_workloads.shard_pipeline import Block, Pipeline, copy_blocks, merge_blocks, write_shard_file
+
+MANIFEST = merge_output.MANIFEST
+_HEADER_METADATA = {"format": "pt"}  # transformers refuses safetensors without it
+
+log = logging.getLogger("gemma_workloads.merge")
+
+
+class MergeError(ValueError):
+    """Inputs that cannot be merged as asked; the message names the tensor, file or setting."""
+
+
+INPUT_ERRORS = (
+    MergeError,
+    CheckpointError,
+    merge_output.OutputError,
+    lora_mapping.LoraMappingError,
+    lora_checkpoint.LoraCheckpointError,
+)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One output tensor: a base tensor, copied or with a delta added and cast to `dtype`."""
+
+    info: TensorInfo
+    dtype: str
+    delta: lora_mapping.Delta | None
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.info.shape) * ITEMSIZE[self.dtype]
+
+
+@dataclass(frozen=True)
+class OutShard:
+    name: str
+    items: list[Item]
+
+    def header(self) -> bytes:
+        return header_bytes([(i.info.name, i.dtype, i.info.shape) for i in self.items], _HEADER_METADATA)
+
+    @property
+    def file_bytes(self) -> int:
+        return len(self.header()) + sum(i.nbytes for i in self.items)
+
+
+# ---------------------------------------------------------------------------- plan
+
+
+def merge_targets(base: BaseCheckpoint, deltas: dict[str, lora_mapping.Delta]) -> dict[str, lora_mapping.Delta]:
+    """Base key -> delta, every LoRA target checked against the base's tensors."""
+    keys = lora_mapping.decoder_names([t.name for t in base.tensors])
+    infos = {t.name: t for t in base.tensors}
+    out = {}
+    for rel, delta in deltas.items():
+        key = keys.get(rel)
+        if key is None:
+            raise MergeError(f"LoRA {delta.source} adapts {rel}, which the base checkpoint {base.path} does not have")
+        info = infos[key]
+        if info.shape != delta.shape:
+            raise MergeError(f"{key}: base shape {list(info.shape)} but LoRA {delta.source} gives {list(delta.shape)}")
+        if info.dtype not in FLOAT_DTYPES:
+            raise MergeError(f"{key}: dtype {info.dtype} cannot take a LoRA delta (supported: {sorted(FLOAT_DTYPES)})")
+        out[key] = delta
+    return out
+
+
+def check_targets(deltas: dict[str, lora_mapping.Delta], targets: list[str]) -> None:
+    """The adapter holds the modules its settings name, no more and no fewer."""
+    expected = {m for t in targets for m in LORA_MODULES[t]}
+    found = {d.source.split("/")[-1] for d in deltas.values()}
+    if extra := sorted(found - expected):
+        raise MergeError(f"the LoRA checkpoint adapts {extra}, outside target_modules {targets}")
+    # k_proj names both kv_einsum and k_einsum: a model needs only one of them.
+    missing = [t for t in targets if not found & set(LORA_MODULES[t])]
+    if missing:
+        raise MergeError(f"target_modules {missing} have no LoRA parameters in the checkpoint")
+
+
+def plan(base: BaseCheckpoint, targets: dict[str, lora_mapping.Delta], dtype: str, shard_size: int) -> list[OutShard]:
+    """Output shards in base storage order, split the HF way: a shard closes before it would pass
+    `shard_size` bytes, and a tensor larger than that gets a shard of its own."""
+    out_dtype = DTYPE_NAMES[dtype]
+    groups: list[list[Item]] = []
+    size = 0
+    for info in base.tensors:
+        delta = targets.get(info.name)
+        item = Item(info, out_dtype if delta else info.dtype, delta)
+        if groups and size + item.nbytes <= shard_size:
+            groups[-1].append(item)
+            size += item.nbytes
+        else:
+            groups.append([item])
+            size = item.nbytes
+    n = len(groups)
+    return [OutShard(f"model-{i:05d}-of-{n:05d}.safetensors", g) for i, g in enumerate(groups, start=1)]
+
+
+def fingerprint(config: MergeConfig, base: BaseCheckpoint, ckpt: lora_checkpoint.LoraCheckpoint) -> str:
+    """What the output depends on: the base's tensor table, the checkpoint step's commit record and
+    the settings. Cheap (no weights are hashed) yet changes when either input is replaced."""
+    table = [(t.name, t.dtype, t.shape, Path(t.file).name, t.offset, t.nbytes) for t in base.tensors]
+    inputs = {
+        "base": [config.base_model_path, table],
+        "lora": [ckpt.path, ckpt.commit, ckpt.lora.model_dump(exclude={"dropout"})],
+        "output": [config.dtype, config.shard_size_bytes],
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------- write
+
+
+def write_shard(staging: Path, shard: OutShard, pipeline: Pipeline) -> dict:
+    """Write one shard in the staging folder and record it as finished."""
+
+    def blocks() -> Iterator[Block]:
+        for item in shard.items:
+            if item.delta is None:
+                yield from copy_blocks(pipeline.reader, item.info)
+            else:
+                yield from merge_blocks(pipeline.reader, item.info, item.delta.factors(), item.dtype, pipeline.buffers)
+
+    data_bytes = sum(i.nbytes for i in shard.items)
+    sha256 = write_shard_file(merge_output.shard_tmp(staging, shard.name), shard.header(), blocks(), data_bytes, pipeline)
+    return merge_output.record_shard(staging, shard.name, shard.file_bytes, sha256)
+
+
+# ---------------------------------------------------------------------------- run
+
+
+def merge(config: MergeConfig) -> MergeResult:
+    """Merge as configured; the result is what the termination message carries."""
+    started = time.monotonic()
+    output = Path(config.output_dir).absolute()
+    staging = merge_output.staging_dir(output)
+    _check_paths(config, output)
+    base = open_checkpoint(config.base_model_path)
+    ckpt = lora_checkpoint.locate(config.checkpoint_dir, config.step, config.lora)
+    inputs = fingerprint(config, base, ckpt)
+    if done := merge_output.complete_merge(output, inputs):
+        log.info("merge: %s already holds this merge (step %d): nothing to do", output, done["step"])
+        return _result(output, done, 0, started)
+    if (staged := merge_output.read_manifest(staging)) and staged["inputs"] == inputs:
+        merge_output.finish(staging, output)  # a previous run stopped between its manifest and its rename
+        return _result(output, staged, 0, started)
+
+    deltas = lora_mapping.deltas(lora_checkpoint.restore_params(ckpt), ckpt.lora.rank, ckpt.lora.alpha)
+    check_targets(deltas, ckpt.lora.target_modules)
+    shards = plan(base, merge_targets(base, deltas), config.dtype, config.shard_size_bytes)
+    merge_output.prepare_staging(staging, inputs)
+    records = {s.name: r for s in shards if (r := merge_output.finished(staging, s.name, s.file_bytes))}
+    todo = [s for s in shards if s.name not in records]
+    log.info("merge: step %d of %s into %s: %d shards, %d to write", ckpt.step, ckpt.checkpoint_dir, output, len(shards), len(todo))
+    # Two shards at a time, so one's final sync overlaps the next one's work. One BLAS thread per
+    # worker: OpenBLAS's own threads would spin against ours.
+    with threadpool_limits(1, "blas"), ThreadPoolExecutor(config.workers) as pool, ThreadPoolExecutor(2) as writers:
+        pipeline = Pipeline.create(pool, config.workers)
+        futures = {writers.submit(write_shard, staging, s, pipeline): s for s in todo}
+        try:
+            for future in as_completed(futures):
+                records[futures[future].name] = future.result()
+                log.info("merge: %s done (%d/%d shards)", futures[future].name, len(records), len(shards))
+        except BaseException:
+            pipeline.stop.set()
+            writers.shutdown(cancel_futures=True)
+            raise
+        finally:
+            pipeline.reader.close()
+    manifest = {
+        "inputs": inputs,
+        "base_model_path": config.base_model_path,
+        "checkpoint_dir": ckpt.checkpoint_dir,
+        "step": ckpt.step,
+        "lora": ckpt.lora.model_dump(),
+        "dtype": config.dtype,
+        "merged": sorted(i.info.name for s in shards for i in s.items if i.delta),
+        "copied_files": merge_output.copy_model_files(config.base_model_path, staging),
+    }
+    weight_map = {i.info.name: s.name for s in shards for i in s.items}
+    total_size = sum(i.nbytes for s in shards for i in s.items)
+    merge_output.publish(staging, output, weight_map, total_size, {n: records[n] for n in sorted(records)}, manifest)
+    return _result(output, manifest, sum(records[s.name]["bytes"] for s in todo), started)
+
+
+def _result(output: Path, manifest: dict, written: int, started: float) -> MergeResult:
+    return MergeResult(status="succeeded", output=str(output), tensors_merged=len(manifest["merged"]),
+                       bytes_written=written, seconds=round(time.monotonic() - started, 3))  # fmt: skip
+
+
+def _check_paths(config: MergeConfig, output: Path) -> None:
+    if "://" in config.output_dir:
+        raise MergeError(f"output_dir {config.output_dir}: must be a local path (mount a bucket with Cloud Storage FUSE)")
+    for name in ("base_model_path", "checkpoint_dir"):
+        source = getattr(config, name)
+        if "://" not in source:
+            src = Path(source).absolute()
+            if output == src or src in output.parents or output in src.parents:
+                raise MergeError(f"output_dir {output} overlaps {name} {src}: the merge never writes into its inputs")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Merge a LoRA checkpoint into Hugging Face safetensors.")
+    parser.add_argument("--config", required=True, help="MergeConfig file (JSON or YAML)")
+    args = parser.parse_args(argv)
+    if not log.handlers:  # absl owns the root logger once orbax is imported
+        log.addHandler(logging.StreamHandler(sys.stdout))
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        config = MergeConfig.load(args.config)
+    except (OSError, ValidationError, ValueError) as e:
+        return _fail(f"config {args.config}: {e}", EXIT_INVALID_INPUT, TERMINATION_LOG)
+    try:
+        result = merge(config)
+    except INPUT_ERRORS as e:
+        return _fail(str(e), EXIT_INVALID_INPUT, config.termination_log)
+    except Exception as e:  # noqa: BLE001 (reported in the termination message)
+        traceback.print_exc()
+        return _fail(f"{type(e).__name__}: {e}", EXIT_FAILED, config.termination_log)
+    write_termination_message(result, config.termination_log)
+    print(result.model_dump_json(exclude_none=True), flush=True)
+    return EXIT_OK
+
+
+def _fail(error: str, code: int, termination_log: str) -> int:
+    result = MergeResult(status="failed", error=error)
+    write_termination_message(result, termination_log)
+    print(result.model_dump_json(exclude_none=True), file=sys.stderr, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
