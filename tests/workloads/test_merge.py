@@ -59,7 +59,7 @@ def merged_fp32(tiny_sharded, lora_run, tmp_path_factory):
 
 
 def test_merged_model_matches_the_jax_lora_model(merged_fp32, lora_run, token_ids):
-    from test_model import hf_logits
+    from tests.workloads.test_model import hf_logits
 
     out, result = merged_fp32
     ours, reference = hf_logits(out, token_ids), lora_run[1]
