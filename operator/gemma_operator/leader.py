@@ -99,9 +99,9 @@ class Elector:
             stop.wait(self.retry_seconds)
         return False
 
-    def keep(self, lost: threading.Event, stop: threading.Event,
+    def keep(self, on_lost: Callable[[], None], stop: threading.Event,
              deadline: float = RENEW_DEADLINE_SECONDS) -> None:  # fmt: skip
-        """Renew until `stop`; set `lost` when no renewal succeeded for `deadline` seconds."""
+        """Renew until `stop`; call `on_lost` when no renewal succeeded for `deadline` seconds."""
         renewed = self._clock()
         while not stop.wait(self.retry_seconds):
             try:
@@ -112,7 +112,7 @@ class Elector:
                 log.warning("leader election: %s", e.reason)
             if self._clock() - renewed > deadline:
                 log.error("%s lost Lease %s/%s", self.identity, self.namespace, self.name)
-                lost.set()
+                on_lost()
                 return
 
     def release(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import socket
 import threading
 from collections.abc import Collection
@@ -67,13 +68,26 @@ def run(args: argparse.Namespace) -> int:
         if args.metrics_port:
             metrics.serve(args.metrics_port)
 
-    elector, lost, done = None, threading.Event(), threading.Event()
+    elector, stopping, lost, done = None, None, threading.Event(), threading.Event()
     if args.leader_election_lease:
         namespace, _, name = args.leader_election_lease.partition("/")
-        elector = leader.Elector(client, namespace, name, identity=socket.gethostname())
+        identity = os.environ.get("POD_NAME") or socket.gethostname()
+        elector = leader.Elector(client, namespace, name, identity)
         with leader.standby_health(args.liveness):
             elector.acquire(done)
-        threading.Thread(target=elector.keep, args=(lost, done), name="lease renewal", daemon=True).start()
+        # kopf waits for its stop flag in a thread of its own, which has to end for the process
+        # to exit: the flag goes up when leadership is lost, and at cleanup.
+        stopping = threading.Event()
+
+        @kopf.on.cleanup(registry=registry)
+        def lower_the_stop_flag_waiter(**_: object) -> None:
+            stopping.set()
+
+        def step_down() -> None:
+            lost.set()
+            stopping.set()
+
+        threading.Thread(target=elector.keep, args=(step_down, done), name="lease renewal", daemon=True).start()
     try:
         kopf.run(
             registry=registry,
@@ -82,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
             liveness_endpoint=args.liveness or None,
             clusterwide=not args.namespace,
             namespaces=args.namespace,
-            stop_flag=lost,
+            stop_flag=stopping,
         )
     finally:
         done.set()
