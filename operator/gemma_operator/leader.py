@@ -13,12 +13,15 @@ from __future__ import annotations
 import datetime
 import http.server
 import logging
+import os
+import socket
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import kopf
 import kubernetes
 from kubernetes.client.rest import ApiException
 
@@ -153,3 +156,33 @@ def standby_health(liveness: str) -> Iterator[None]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def leading(client: kubernetes.client.ApiClient, lease: str, registry: kopf.OperatorRegistry, liveness: str,
+            lost: threading.Event) -> Iterator[threading.Event]:  # fmt: skip
+    """Wait to lead through the Lease `NAMESPACE/NAME`, then renew it in a thread; yields kopf's
+    stop flag, raised (and `lost` set) if the Lease cannot be renewed. Hands it over on exit."""
+    namespace, _, name = lease.partition("/")
+    elector = Elector(client, namespace, name, os.environ.get("POD_NAME") or socket.gethostname())
+    done = threading.Event()
+    with standby_health(liveness):
+        elector.acquire(done)
+    # kopf waits for its stop flag in a thread of its own, which has to end for the process to
+    # exit: the flag goes up when leadership is lost, and at kopf's cleanup.
+    stopping = threading.Event()
+
+    @kopf.on.cleanup(registry=registry)
+    def lower_the_stop_flag_waiter(**_: object) -> None:
+        stopping.set()
+
+    def step_down() -> None:
+        lost.set()
+        stopping.set()
+
+    threading.Thread(target=elector.keep, args=(step_down, done), name="lease renewal", daemon=True).start()
+    try:
+        yield stopping
+    finally:
+        done.set()
+        elector.release()

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
-import os
-import socket
 import threading
 from collections.abc import Collection
 
@@ -68,27 +67,11 @@ def run(args: argparse.Namespace) -> int:
         if args.metrics_port:
             metrics.serve(args.metrics_port)
 
-    elector, stopping, lost, done = None, None, threading.Event(), threading.Event()
-    if args.leader_election_lease:
-        namespace, _, name = args.leader_election_lease.partition("/")
-        identity = os.environ.get("POD_NAME") or socket.gethostname()
-        elector = leader.Elector(client, namespace, name, identity)
-        with leader.standby_health(args.liveness):
-            elector.acquire(done)
-        # kopf waits for its stop flag in a thread of its own, which has to end for the process
-        # to exit: the flag goes up when leadership is lost, and at cleanup.
-        stopping = threading.Event()
-
-        @kopf.on.cleanup(registry=registry)
-        def lower_the_stop_flag_waiter(**_: object) -> None:
-            stopping.set()
-
-        def step_down() -> None:
-            lost.set()
-            stopping.set()
-
-        threading.Thread(target=elector.keep, args=(step_down, done), name="lease renewal", daemon=True).start()
-    try:
+    lost = threading.Event()
+    with contextlib.ExitStack() as stack:
+        stop_flag = None
+        if args.leader_election_lease:  # wait for the Lease, then hold it while kopf runs
+            stop_flag = stack.enter_context(leader.leading(client, args.leader_election_lease, registry, args.liveness, lost))
         kopf.run(
             registry=registry,
             standalone=args.standalone,
@@ -96,12 +79,8 @@ def run(args: argparse.Namespace) -> int:
             liveness_endpoint=args.liveness or None,
             clusterwide=not args.namespace,
             namespaces=args.namespace,
-            stop_flag=stopping,
+            stop_flag=stop_flag,
         )
-    finally:
-        done.set()
-        if elector:
-            elector.release()
     return 1 if lost.is_set() else 0
 
 
