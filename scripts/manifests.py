@@ -73,8 +73,7 @@ def render(values: dict | None = None, namespace: str = NAMESPACE) -> dict[str, 
 def plain_manifests() -> dict[Path, str]:
     """manifests/: the chart rendered with PLAIN_VALUES, its namespace, and a kustomization."""
     header = GENERATED.format(source="charts/gemma-tpu-operator")
-    out = {MANIFESTS / name: header + text.lstrip("-\n") if text.lstrip().startswith("---") else header + text
-           for name, text in render(PLAIN_VALUES).items()}  # fmt: skip
+    out = {MANIFESTS / name: header + text.lstrip("\n") for name, text in render(PLAIN_VALUES).items()}
     out[MANIFESTS / "namespace.yaml"] = header + dump_all([{"apiVersion": "v1", "kind": "Namespace",
                                                            "metadata": {"name": NAMESPACE}}])  # fmt: skip
     crds = sorted(f"crds/{crd.crd_filename(k)}" for k in api.KINDS.values())
