@@ -10,7 +10,7 @@ PIP_FILTER = 2>&1 | (grep -v "is ignored: it is neither a file nor a directory" 
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 
-.PHONY: demo test test-fast venv vllm-venv crds lint clean
+.PHONY: demo test test-fast venv vllm-venv crds manifests images lint clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -46,8 +46,18 @@ test: venv vllm-venv
 test-fast: venv
 	$(VENV)/bin/python -m pytest -q -m "not slow"
 
-crds: venv
-	$(VENV)/bin/gemma-tpu crds --out manifests/crds
+crds: manifests
+
+# The CRDs, the chart's generated inputs and the plain install in manifests/ (scripts/manifests.py).
+manifests: venv
+	$(VENV)/bin/python scripts/manifests.py
+
+# The images the chart and the operator settings name (needs a container engine).
+REGISTRY ?= ghcr.io/gemma-tpu-operator
+VERSION = 0.1.0
+images:
+	docker build -f operator/Dockerfile -t $(REGISTRY)/operator:$(VERSION) .
+	docker build -f workloads/Dockerfile -t $(REGISTRY)/workloads:$(VERSION) .
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .demo .pytest_cache

@@ -4,6 +4,7 @@ import kmock
 import pytest_asyncio
 
 from gemma_operator.devcluster.apiserver import ApiServer
+from tests.support.cluster import Cluster
 
 
 @pytest_asyncio.fixture
@@ -12,3 +13,9 @@ async def apiserver():
     async with ApiServer() as api, kmock.Server(api):
         api.register_defaults()
         yield api
+
+
+@pytest_asyncio.fixture
+async def cluster(apiserver):
+    """The test's client of that API, playing the cluster's own controllers."""
+    return Cluster(apiserver)

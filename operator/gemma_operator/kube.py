@@ -55,6 +55,8 @@ STATUS_KINDS = (api.FINETUNE.kind, api.SERVE.kind)  # the operator writes their 
 # Kinds only the local node agent and tests use (never the operator: not in its role).
 LOCAL_KINDS = {**KINDS, "Secret": _kind("v1", "secrets", "list"), "Namespace": _kind("v1", "namespaces", "create")}
 POD_LOG = "pods/log"  # read for live training progress
+# Names the operator's requests in API server audit logs (and lets tests tell them from their own).
+USER_AGENT = "gemma-tpu-operator"
 
 
 class ApiError(Exception):
@@ -74,14 +76,17 @@ def _error(e: ApiException) -> ApiError:
 class Kube:
     """Async access to the objects of `KINDS`, as plain dicts."""
 
-    def __init__(self, client: kubernetes.client.ApiClient, kinds: dict[str, KindInfo] = KINDS) -> None:
+    def __init__(
+        self, client: kubernetes.client.ApiClient, kinds: dict[str, KindInfo] = KINDS, user_agent: str = USER_AGENT
+    ) -> None:
+        client.user_agent = user_agent
         self._client, self._kinds = client, kinds
 
     @classmethod
-    def from_url(cls, url: str, kinds: dict[str, KindInfo] = KINDS) -> Kube:
+    def from_url(cls, url: str, kinds: dict[str, KindInfo] = KINDS, user_agent: str = USER_AGENT) -> Kube:
         cfg = kubernetes.client.Configuration()
         cfg.host = url.rstrip("/")
-        return cls(kubernetes.client.ApiClient(cfg), kinds)
+        return cls(kubernetes.client.ApiClient(cfg), kinds, user_agent)
 
     def _path(self, kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
         info = self._kinds[kind]

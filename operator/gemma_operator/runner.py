@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import threading
 from collections.abc import Collection
 
 import kopf
 import kubernetes
 
-from gemma_operator import api, metrics
+from gemma_operator import api, leader, metrics
 from gemma_operator.kube import Kube
 from gemma_operator.reconcile import Controller, register
 from gemma_operator.settings import OperatorSettings, load_settings
 
 
-def configure(settings: kopf.OperatorSettings, *, standalone: bool, peering: str) -> None:
+def configure(settings: kopf.OperatorSettings, *, standalone: bool, peering: str, namespaced: bool = False) -> None:
     """kopf settings chosen once, in one place."""
     # The handlers are level-based (on.event), so kopf needs no per-object progress storage;
     # should any be used, keep it in annotations of our own group rather than in status,
@@ -35,21 +37,25 @@ def configure(settings: kopf.OperatorSettings, *, standalone: bool, peering: str
     settings.peering.standalone = standalone
     settings.peering.name = peering
     settings.peering.mandatory = not standalone
+    # Watching given namespaces needs no cluster-scoped reads: kopf then neither lists namespaces
+    # nor watches CRDs (a kind installed later, JobSet say, is seen after a restart).
+    settings.scanning.disabled = namespaced
 
 
-def _kube_from_environment() -> Kube:
+def _client_from_environment() -> kubernetes.client.ApiClient:
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
-    return Kube(kubernetes.client.ApiClient())
+    return kubernetes.client.ApiClient()
 
 
 def run(args: argparse.Namespace) -> int:
-    """`gemma-tpu operator`: run until stopped."""
+    """`gemma-tpu operator`: run until stopped (exit status 1 when leadership was lost)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = load_settings(args.settings)
-    controller = Controller(_kube_from_environment(), settings, args.namespace)
+    client = _client_from_environment()
+    controller = Controller(Kube(client), settings, args.namespace)
     registry = kopf.OperatorRegistry()
     register(registry, controller)
     # A registry of our own has none of kopf's default login handlers: log in as our client does.
@@ -57,19 +63,25 @@ def run(args: argparse.Namespace) -> int:
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: object) -> None:
-        configure(settings, standalone=args.standalone, peering=args.peering)
+        configure(settings, standalone=args.standalone, peering=args.peering, namespaced=bool(args.namespace))
         if args.metrics_port:
             metrics.serve(args.metrics_port)
 
-    kopf.run(
-        registry=registry,
-        standalone=args.standalone,
-        peering_name=args.peering,
-        liveness_endpoint=args.liveness or None,
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-    )
-    return 0
+    lost = threading.Event()
+    with contextlib.ExitStack() as stack:
+        stop_flag = None
+        if args.leader_election_lease:  # wait for the Lease, then hold it while kopf runs
+            stop_flag = stack.enter_context(leader.leading(client, args.leader_election_lease, registry, args.liveness, lost))
+        kopf.run(
+            registry=registry,
+            standalone=args.standalone,
+            peering_name=args.peering,
+            liveness_endpoint=args.liveness or None,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            stop_flag=stop_flag,
+        )
+    return 1 if lost.is_set() else 0
 
 
 async def spawn(
@@ -87,7 +99,7 @@ async def spawn(
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: object) -> None:
-        configure(settings, standalone=True, peering="gemma-tpu-operator")
+        configure(settings, standalone=True, peering="gemma-tpu-operator", namespaced=bool(namespaces))
         settings.watching.server_timeout = 30
 
     @kopf.on.login(registry=registry)

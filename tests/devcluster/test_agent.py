@@ -21,7 +21,7 @@ IMAGE = "local/python"
 
 @pytest_asyncio.fixture
 async def node(apiserver, tmp_path):
-    kube = Kube.from_url(str(apiserver.url), LOCAL_KINDS)
+    kube = Kube.from_url(str(apiserver.url), LOCAL_KINDS, user_agent="gemma-tpu-node")
     agent = NodeAgent(kube, apiserver, Node(tmp_path / "node", {IMAGE: Path(sys.executable).parent}, {"data": tmp_path / "pvc"}),
                       interval=0.05)  # fmt: skip
     stop = asyncio.Event()

@@ -4,12 +4,6 @@ import pytest_asyncio
 
 from gemma_operator import runner
 from gemma_operator.settings import OperatorSettings
-from tests.support.cluster import Cluster
-
-
-@pytest_asyncio.fixture
-async def cluster(apiserver):
-    return Cluster(apiserver)
 
 
 @pytest_asyncio.fixture

@@ -127,3 +127,32 @@ async def _absent(cluster, kind, name):
 async def _replicas(cluster, n):
     lws = await cluster.get("LeaderWorkerSet", NS, "big-vllm")
     return lws if lws["spec"].get("replicas") == n else None
+
+
+async def test_changing_shape_autoscaling_and_monitoring_replaces_what_changed(operator, cluster):
+    b = serve("flex").set("autoscaling", {"maxReplicas": 2}).set("metrics", {"podMonitor": True})
+    await cluster.apply(b.obj())
+    await cluster.wait_for(lambda: cluster.get("Deployment", NS, "flex-vllm"), message="Deployment")
+    await cluster.wait_for(lambda: cluster.get("PodMonitor", NS, "flex-vllm"), message="PodMonitor")
+    hpa = await cluster.wait_for(lambda: cluster.get("HorizontalPodAutoscaler", NS, "flex-vllm"), message="HPA")
+    assert hpa["spec"]["maxReplicas"] == 2
+
+    await cluster.kube.patch("GemmaServe", NS, "flex", {"spec": {"autoscaling": {"maxReplicas": 3}}})
+    await cluster.wait_for(lambda: _hpa_max(cluster, 3), message="HPA updated")
+
+    await cluster.kube.patch("GemmaServe", NS, "flex", {"spec": {"tpu": {"topology": "4x4"}}})  # one slice: 4 hosts
+    await cluster.wait_for(lambda: cluster.get("LeaderWorkerSet", NS, "flex-vllm"), message="LWS")
+    await cluster.wait_for(lambda: _absent(cluster, "Deployment", "flex-vllm"), message="Deployment replaced")
+    pm = await cluster.get("PodMonitor", NS, "flex-vllm")
+    assert pm["spec"]["selector"]["matchLabels"]["gemma-tpu.dev/role"] == "leader"
+    assert (await cluster.get("HorizontalPodAutoscaler", NS, "flex-vllm"))["spec"]["scaleTargetRef"]["kind"] == "LeaderWorkerSet"
+
+    await cluster.kube.patch("GemmaServe", NS, "flex", {"spec": {"tpu": {"topology": "2x4"}, "metrics": {"podMonitor": False}}})
+    await cluster.wait_for(lambda: cluster.get("Deployment", NS, "flex-vllm"), message="back to a Deployment")
+    await cluster.wait_for(lambda: _absent(cluster, "LeaderWorkerSet", "flex-vllm"), message="LWS removed")
+    await cluster.wait_for(lambda: _absent(cluster, "PodMonitor", "flex-vllm"), message="PodMonitor removed")
+
+
+async def _hpa_max(cluster, n):
+    hpa = await cluster.get("HorizontalPodAutoscaler", NS, "flex-vllm")
+    return hpa["spec"]["maxReplicas"] == n

@@ -15,11 +15,13 @@ from typing import Any
 from gemma_operator.kube import Kube
 from gemma_operator.status import now, timestamp
 
+TEST_AGENT = "gemma-tpu-tests"  # the API server records calls per User-Agent: these are the test's
+
 
 class Cluster:
     def __init__(self, apiserver) -> None:
         self.api = apiserver
-        self.kube = Kube.from_url(str(apiserver.url))
+        self.kube = Kube.from_url(str(apiserver.url), user_agent=TEST_AGENT)
 
     async def apply(self, obj: dict) -> dict:
         return await self.kube.create(obj)

@@ -7,7 +7,8 @@ from a resourceVersion (410 Gone when too old); a status subresource split from 
 resource; JSON patch (with `test`) and merge patch; optimistic concurrency; label and field
 selectors; finalizers and garbage collection of owned objects; defaulting, pruning and schema
 validation of custom resources from their CRD; and pod logs. Every request is recorded as
-(verb, group, resource) so tests can check RBAC against what the operator really calls.
+(verb, group, resource), and per User-Agent as a `Call` (with namespace and name), so tests can
+check RBAC against what the operator really calls, and not what the test itself calls.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import re
 import secrets
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import jsonpatch
@@ -30,6 +31,16 @@ import kmock
 from gemma_operator import crd
 
 HISTORY = 50_000  # watch events kept for resuming
+
+
+class Call(NamedTuple):
+    """One request as RBAC sees it; namespace None is cluster-wide, name None a collection."""
+
+    verb: str
+    group: str
+    resource: str
+    namespace: str | None
+    name: str | None
 
 
 class ApiError(kmock.KubernetesError):
@@ -211,6 +222,9 @@ class ApiServer(kmock.KubernetesScaffold):
     objects: dict[tuple[kmock.resource, str | None, str], dict[str, Any]] = attrs.field(factory=dict, init=False)
     pod_logs: dict[tuple[str, str], str] = attrs.field(factory=dict, init=False)
     calls: collections.Counter = attrs.field(factory=collections.Counter, init=False)
+    calls_by_agent: dict[str, collections.Counter] = attrs.field(
+        factory=lambda: collections.defaultdict(collections.Counter), init=False
+    )
     _kinds: dict[kmock.resource, Kind] = attrs.field(factory=dict, init=False)
     _verbs: dict[Any, Any] = attrs.field(factory=dict, init=False)
     _rv: int = attrs.field(default=1, init=False)
@@ -303,7 +317,9 @@ class ApiServer(kmock.KubernetesScaffold):
     def _record(self, verb: str, request: kmock.Request) -> None:
         res = request.resource
         sub = f"/{request.subresource}" if request.subresource else ""
-        self.calls[(verb, res.group, f"{res.plural}{sub}")] += 1
+        call = (verb, res.group, f"{res.plural}{sub}")
+        self.calls[call] += 1
+        self.calls_by_agent[request.headers.get("User-Agent", "")][Call(*call, request.namespace, request.name)] += 1
 
     def _next_rv(self) -> str:
         self._rv += 1

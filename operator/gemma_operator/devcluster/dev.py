@@ -135,7 +135,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> Outcome:
         url = str(server.url).rstrip("/")
         op_stop, ready = asyncio.Event(), asyncio.Event()
         _, op_tasks = await runner.spawn(url, settings, op_stop, ready)
-        kube = Kube.from_url(url, LOCAL_KINDS)
+        kube = Kube.from_url(url, LOCAL_KINDS, user_agent="gemma-tpu-node")
         agent = NodeAgent(kube, apiserver, Node(workdir / "node", images, {DATA_CLAIM: data}), interval=0.25)
         agent_task = asyncio.create_task(agent.run(stop))
         try:

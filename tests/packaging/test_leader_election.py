@@ -1,0 +1,83 @@
+"""Two operator replicas as the chart runs them (replicas: 2): one leads through the Lease, the
+other waits alive and ready, and takes over when the leader stops."""
+
+from __future__ import annotations
+
+import pytest
+
+from gemma_operator.children import training
+from gemma_operator.plan import plan_finetune
+from gemma_operator.settings import OperatorSettings
+from tests.support.builders import finetune
+from tests.support.chart import NAMESPACE, grants, objects, one, role_grants
+from tests.support.operator import operator_calls
+from tests.support.process import chart_command, free_port, http_status, kubeconfig, running, stop, until
+
+pytestmark = pytest.mark.slow
+NS = "default"
+
+
+def with_ports(command: list[str], health: int, metrics: int) -> list[str]:
+    """One replica's command line: on one machine, each needs ports of its own."""
+    out = []
+    for arg in command:
+        if arg.startswith("--liveness="):
+            arg = f"--liveness=http://127.0.0.1:{health}/healthz"
+        elif arg.startswith("--metrics-port="):
+            arg = f"--metrics-port={metrics}"
+        out.append(arg)
+    return out
+
+
+async def test_a_standby_takes_over_when_the_leader_stops(apiserver, cluster, tmp_path):
+    command = chart_command({"replicas": 2}, tmp_path)
+    lease_arg = next(a for a in command if a.startswith("--leader-election-lease="))
+    namespace, name = lease_arg.split("=", 1)[1].split("/")
+    lease_key = (apiserver.resource_of("coordination.k8s.io/v1", "leases"), namespace, name)
+
+    def holder():
+        return (apiserver.objects.get(lease_key) or {}).get("spec", {}).get("holderIdentity")
+
+    config = kubeconfig(str(apiserver.url), tmp_path / "kubeconfig")
+    ports = {pod: (free_port(), free_port()) for pod in ("op-a", "op-b")}
+    logs = {pod: tmp_path / f"{pod}.log" for pod in ports}
+
+    def healthy(pod):
+        return http_status(f"http://127.0.0.1:{ports[pod][0]}/healthz") == 200
+
+    def serving_metrics(pod):
+        return http_status(f"http://127.0.0.1:{ports[pod][1]}/metrics") == 200
+
+    with running(with_ports(command, *ports["op-a"]), config, logs["op-a"], POD_NAME="op-a") as a:
+        await until(lambda: healthy("op-a") and holder() == "op-a", message="op-a leads", log=logs["op-a"])
+        with running(with_ports(command, *ports["op-b"]), config, logs["op-b"], POD_NAME="op-b") as b:
+            await until(lambda: healthy("op-b"), message="the standby answers its probes", log=logs["op-b"])
+            assert holder() == "op-a" and not serving_metrics("op-b"), "a standby does not run the operator"
+
+            ft = finetune("ft").tpu("v5p")
+            job = training.names(plan_finetune(ft.name, NS, ft.spec, OperatorSettings()))[0]
+            await cluster.apply(ft.obj())
+            await cluster.job(NS, job)
+
+            await stop(a, logs["op-a"])
+            await until(lambda: holder() == "op-b", timeout=15, message="op-b takes over", log=logs["op-b"])
+            lease = apiserver.objects[lease_key]["spec"]
+            assert lease["leaseTransitions"] == 1 and lease["leaseDurationSeconds"] == 15
+            await until(lambda: serving_metrics("op-b"), message="op-b runs the operator", log=logs["op-b"])
+            await cluster.kube.patch("GemmaFineTune", NS, "ft", {"spec": {"suspend": True}})
+            await cluster.wait_for(lambda: _suspended(cluster, job), timeout=20, message="the new leader acts")
+            await stop(b, logs["op-b"])
+    assert not holder(), "a replica that stops hands the Lease over"
+
+    objs = objects({"replicas": 2})
+    role = one(objs, "Role", next(o["metadata"]["name"] for o in objs if o["kind"] == "Role"))
+    assert role["metadata"]["namespace"] == namespace == NAMESPACE
+    calls = [c for c in operator_calls(apiserver) if c.resource == "leases"]
+    assert not [c for c in calls if not role_grants(role, c)], "Lease requests the Role does not grant"
+    unused = [(r.get("resourceNames"), v) for r in role["rules"] for v in r["verbs"]
+              if not any(grants({**r, "verbs": [v]}, c) for c in calls)]  # fmt: skip
+    assert not unused, f"granted but never used: {unused}"
+
+
+async def _suspended(cluster, name):
+    return (await cluster.get("Job", NS, name))["spec"].get("suspend") is True
