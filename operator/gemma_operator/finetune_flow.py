@@ -154,7 +154,7 @@ def _merging(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
     outcome = failure_policy.outcome(v.merge)
     if outcome.state == "Succeeded":
         result = _merge_result(v.merge_pods)
-        st.setdefault("outputs", {})["merged"] = (result.output if result and result.output else p.merged_dir)
+        st.setdefault("outputs", {})["merged"] = p.merged_dir  # the URI, not the path inside the merge pod
         detail = f": {result.tensors_merged} tensors merged in {result.seconds:.0f} s" if result and result.seconds is not None else ""
         _cond(v, st, "Merged", True, "Merged", f"merged into {st['outputs']['merged']}{detail}")
         _succeed(v, st, f"merged model at {st['outputs']['merged']}")

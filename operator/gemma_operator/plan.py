@@ -22,6 +22,7 @@ from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import DatasetConfig, LoraConfig, MergeConfig, MeshConfig, TrainConfig, join, run_dir
 
 CONFIG_DIR = "/etc/gemma-tpu"  # where the pods find their workload config
+GCS_MOUNT_ROOT = "/gcs"  # where a Cloud Storage FUSE mount puts a bucket a workload writes files to
 TRAIN_CONFIG_FILE = "train.json"
 MERGE_CONFIG_FILE = "merge.json"
 MAX_TP = 4  # Gemma 4 31B's global layers have 4 KV heads: TP=8 does not divide them.
@@ -65,6 +66,11 @@ def digest(data: Any, length: int = 8) -> str:
 
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
                "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
+
+
+def fuse_path(uri: str) -> str:
+    """A gs:// URI as seen through a Cloud Storage FUSE mount of its bucket (other paths unchanged)."""
+    return f"{GCS_MOUNT_ROOT}/{uri.removeprefix('gs://')}" if uri.startswith("gs://") else uri
 
 
 def parse_size(text: str) -> int:
@@ -322,7 +328,8 @@ def plan_finetune(
     merge = MergeConfig(
         base_model_path=train.model_path,
         checkpoint_dir=train.checkpoint_dir,
-        output_dir=merged,
+        # The merge publishes its output folder by a rename: it writes files, through a FUSE mount.
+        output_dir=fuse_path(merged),
         dtype=spec.merge.dtype,
         shard_size_bytes=parse_size(spec.merge.shard_size),
     )

@@ -111,7 +111,7 @@ def test_merge_job_runs_on_cpu_sized_from_the_model():
     p = ft_plan(finetune("ft").tpu("v5p").lora(rank=64, alpha=64))
     cm = merge.config_map(p, OWNER, checkpoint_step=1244)
     cfg = MergeConfig.model_validate_json(cm["data"]["merge.json"])
-    assert cfg.step == 1244 and cfg.output_dir == p.merged_dir and cfg.dtype == "bfloat16"
+    assert cfg.step == 1244 and cfg.output_dir.endswith(p.merged_dir.removeprefix("gs://")) and cfg.dtype == "bfloat16"
     job = merge.job(p, OperatorSettings(merge_node_selector={"pool": "cpu"}), OWNER)
     spec = pod_spec(job)
     [c] = spec["containers"]
@@ -120,3 +120,27 @@ def test_merge_job_runs_on_cpu_sized_from_the_model():
     assert c["resources"]["limits"]["memory"] == f"{p.merge_memory_gib}Gi" and 4 < p.merge_memory_gib < 16
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     validate_object(job)
+
+
+def test_a_gs_output_reaches_the_merge_through_cloud_storage_fuse():
+    p = ft_plan(finetune("ft").tpu("v5p"))
+    cfg = MergeConfig.model_validate_json(merge.config_map(p, OWNER)["data"]["merge.json"])
+    assert p.merged_dir.startswith("gs://out/ft/runs/")
+    assert cfg.output_dir == "/gcs/" + p.merged_dir.removeprefix("gs://")
+    assert cfg.checkpoint_dir.startswith("gs://"), "Orbax reads checkpoints from gs:// itself"
+    job = merge.job(p, SETTINGS, OWNER)
+    tmpl = job["spec"]["template"]
+    assert tmpl["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+    [vol] = [v for v in tmpl["spec"]["volumes"] if v["name"] == "output"]
+    assert vol["csi"]["readOnly"] is False and vol["csi"]["volumeAttributes"]["bucketName"] == "out"
+    assert {"name": "output", "mountPath": "/gcs/out"} in tmpl["spec"]["containers"][0]["volumeMounts"]
+    validate_object(job)
+    local = ft_plan(finetune("ft").cpu_tiny())
+    assert "annotations" not in merge.job(local, SETTINGS, OWNER)["spec"]["template"]["metadata"]
+
+
+def test_tpu_training_stages_models_in_host_memory():
+    [c] = pod_spec(training.workload(ft_plan(finetune("ft").tpu("v5p")), SETTINGS, OWNER))["containers"]
+    assert {"name": "TMPDIR", "value": "/dev/shm"} in c["env"]
+    [c] = pod_spec(training.workload(ft_plan(finetune("ft").cpu_tiny()), SETTINGS, OWNER))["containers"]
+    assert "TMPDIR" not in str(c["env"])

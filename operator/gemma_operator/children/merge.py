@@ -8,7 +8,8 @@ from typing import Any
 
 from gemma_operator import api
 from gemma_operator.children import common
-from gemma_operator.plan import CONFIG_DIR, MERGE_CONFIG_FILE, FineTunePlan
+from gemma_operator.children.model_delivery import GCSFUSE_DRIVER
+from gemma_operator.plan import CONFIG_DIR, GCS_MOUNT_ROOT, MERGE_CONFIG_FILE, FineTunePlan
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import EXIT_INVALID_INPUT
 
@@ -30,11 +31,23 @@ def config_map(plan: FineTunePlan, owner: dict | None, checkpoint_step: int | No
     return common.config_map(name(plan), plan.namespace, _labels(plan), owner, {MERGE_CONFIG_FILE: config.dumps()})
 
 
+def _output_mount(plan: FineTunePlan) -> tuple[list[dict], list[dict], dict[str, str]]:
+    """A gs:// output bucket, mounted read-write with Cloud Storage FUSE where MergeConfig expects it."""
+    if not plan.merged_dir.startswith("gs://"):
+        return [], [], {}
+    bucket = plan.merged_dir.removeprefix("gs://").split("/", 1)[0]
+    volume = {"name": "output", "csi": {"driver": GCSFUSE_DRIVER, "readOnly": False,
+                                        "volumeAttributes": {"bucketName": bucket, "mountOptions": "implicit-dirs"}}}  # fmt: skip
+    mount = {"name": "output", "mountPath": f"{GCS_MOUNT_ROOT}/{bucket}"}
+    return [volume], [mount], {"gke-gcsfuse/volumes": "true"}
+
+
 def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> dict[str, Any]:
     job_name = name(plan)
     cfg_volume, cfg_mount = common.config_volume(job_name)
     store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
     memory = f"{plan.merge_memory_gib}Gi"
+    fuse_volumes, fuse_mounts, annotations = _output_mount(plan)
     env = []
     if plan.spec.model.hf_token_secret_ref:
         env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
@@ -47,14 +60,14 @@ def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> d
             "requests": {"cpu": str(plan.merge.workers), "memory": memory},
             "limits": {"memory": memory},
         },
-        "volumeMounts": [cfg_mount, *store_mounts],
+        "volumeMounts": [cfg_mount, *store_mounts, *fuse_mounts],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": dict(common.RESTRICTED_CONTAINER),
     }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "containers": [container],
-        "volumes": [cfg_volume, *store_volumes],
+        "volumes": [cfg_volume, *store_volumes, *fuse_volumes],
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
     }
     if settings.merge_node_selector:
@@ -77,6 +90,7 @@ def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> d
                     {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_INVALID_INPUT]}},
                 ]
             },  # fmt: skip
-            "template": {"metadata": {"labels": _labels(plan)}, "spec": pod_spec},
+            "template": {"metadata": {"labels": _labels(plan), **({"annotations": annotations} if annotations else {})},
+                         "spec": pod_spec},
         },
     }
