@@ -62,6 +62,11 @@ class Controller:
                     await self._reconcile_finetune(namespace, name)
                 else:
                     await self._reconcile_serve(namespace, name)
+        except ApiError as e:
+            if e.status == 404 and await self.kube.get(kind, namespace, name) is None:
+                return  # the resource was deleted while being reconciled: nothing left to do
+            metrics.RECONCILES.labels(kind, "error").inc()
+            raise
         except Exception:
             metrics.RECONCILES.labels(kind, "error").inc()
             raise

@@ -143,8 +143,7 @@ async def test_changing_shape_autoscaling_and_monitoring_replaces_what_changed(o
     await cluster.kube.patch("GemmaServe", NS, "flex", {"spec": {"tpu": {"topology": "4x4"}}})  # one slice: 4 hosts
     await cluster.wait_for(lambda: cluster.get("LeaderWorkerSet", NS, "flex-vllm"), message="LWS")
     await cluster.wait_for(lambda: _absent(cluster, "Deployment", "flex-vllm"), message="Deployment replaced")
-    pm = await cluster.get("PodMonitor", NS, "flex-vllm")
-    assert pm["spec"]["selector"]["matchLabels"]["gemma-tpu.dev/role"] == "leader"
+    await cluster.wait_for(lambda: _leaders_monitored(cluster), message="PodMonitor follows the leaders")
     assert (await cluster.get("HorizontalPodAutoscaler", NS, "flex-vllm"))["spec"]["scaleTargetRef"]["kind"] == "LeaderWorkerSet"
 
     await cluster.kube.patch("GemmaServe", NS, "flex", {"spec": {"tpu": {"topology": "2x4"}, "metrics": {"podMonitor": False}}})
@@ -156,3 +155,8 @@ async def test_changing_shape_autoscaling_and_monitoring_replaces_what_changed(o
 async def _hpa_max(cluster, n):
     hpa = await cluster.get("HorizontalPodAutoscaler", NS, "flex-vllm")
     return hpa["spec"]["maxReplicas"] == n
+
+
+async def _leaders_monitored(cluster):
+    pm = await cluster.get("PodMonitor", NS, "flex-vllm")
+    return pm["spec"]["selector"]["matchLabels"].get("gemma-tpu.dev/role") == "leader"
