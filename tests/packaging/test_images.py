@@ -36,7 +36,7 @@ def makefile_var(name: str) -> str:
 
 
 DOCKERFILES = {"operator": ROOT / "operator" / "Dockerfile", "workloads": ROOT / "workloads" / "Dockerfile"}
-EXTRAS = {"operator": "operator", "workloads": "workloads,tpu,gcs"}
+EXTRAS = {"operator": "operator", "workloads": "workloads,tpu"}
 
 
 @pytest.mark.parametrize("image", DOCKERFILES)

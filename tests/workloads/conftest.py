@@ -60,3 +60,21 @@ def lora_run(tiny_sharded, token_ids, tmp_path_factory):
     positions = jnp.tile(jnp.arange(t)[None], (token_ids.shape[0], 1))
     logits, _ = m(jnp.asarray(token_ids), positions, None, jnp.tril(jnp.ones((token_ids.shape[0], t, t), dtype=bool)))
     return out, np.asarray(logits), jax.tree.map(np.asarray, lora.lora_state(m).to_pure_dict())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """One persistent JAX compilation cache for the session, shared with the training
+    subprocesses: each distinct program compiles once (tens of seconds on two cores)."""
+    import jax
+
+    settings = {
+        "jax_compilation_cache_dir": str(tmp_path_factory.mktemp("jax-cache")),
+        "jax_persistent_cache_min_compile_time_secs": 0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+    }
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in settings.items():
+            jax.config.update(name, value)
+            env.setenv(name.upper(), str(value))
+        yield settings

@@ -114,6 +114,10 @@ class TrainConfig(_Config):
     peak_tflops_per_device: Annotated[
         float | None, Field(gt=0, description="For the MFU estimate; None: derived from the device.")
     ] = None
+    termination_grace_seconds: Annotated[
+        float, Field(ge=0, description="The pod's terminationGracePeriodSeconds: on SIGTERM a final checkpoint "
+                     "is taken only if it fits in this time.")
+    ] = 30.0
     termination_log: str = TERMINATION_LOG
 
     @model_validator(mode="after")
@@ -144,10 +148,29 @@ class LoraMetadata(BaseModel):
     """`<checkpoint_dir>/lora.json`, written by training before its first checkpoint: how the
     adapter was made, so a merge needs nothing but the checkpoint directory.
 
-    Checkpoint layout (Orbax, one folder per step under `checkpoint_dir`): `model_params` holds
-    only the LoRA parameters, the pure dict of `nnx.state(model, nnx.LoRAParam)`, e.g.
-    `layers/<i>/attn/q_einsum/{w_lora_a,w_lora_b}` and `layers/<i>/mlp/up_proj/{kernel_lora_a,
-    kernel_lora_b}`; `optimizer_state` the optimizer's state.
+    Checkpoint layout, as Tunix's checkpoint manager writes it with Orbax (`checkpoint_dir` is
+    `<output_dir>/checkpoints`; local paths and gs:// alike):
+
+        lora.json                  this model
+        <step>/                    one per saved optimizer step, the latest `keep_checkpoints` kept
+          _CHECKPOINT_METADATA     JSON; `custom_metadata.data_position` = {micro_batches,
+                                   micro_batch_size, epoch, row_in_epoch, fingerprint}
+          model_params/            Orbax PyTree (OCDBT): the LoRA parameters only
+          optimizer_state/         Orbax PyTree: `opt_state/...` (optax.MultiSteps state around
+                                   inject_hyperparams(adamw) when accumulating) and `step/value`
+
+    `model_params` is `nnx.state(model, nnx.LoRAParam)` as saved: every array sits under a trailing
+    `value` key (Orbax's view of an nnx Variable) and layer indices are string keys. With D the
+    hidden size, F the MLP size, N heads of H, K KV heads (of the layer's kind) and r the rank:
+    `layers/<i>/attn/<m>/{w_lora_a,w_lora_b}/value` for m in q_einsum [a (D, r), b (r, N, H)],
+    kv_einsum (sliding layers) [a (D, r), b (r, 2, K, H); 2 = k, v], k_einsum (global K=V layers)
+    [a (D, r), b (r, K, H)], attn_vec_einsum [a (N, H, r), b (r, D)]; and
+    `layers/<i>/mlp/<m>/{kernel_lora_a,kernel_lora_b}/value` for gate_proj, up_proj [a (D, r),
+    b (r, F)] and down_proj [a (F, r), b (r, D)]. A weight's delta is a and b contracted over r,
+    times alpha / rank, with the axes in the weight's Tunix order: q_einsum's w (N, D, H) gets
+    `einsum("dr,rnh->ndh", a, b)`, kv_einsum's w (2, K, D, H) `einsum("dr,rckh->ckdh", a, b)`. A step is complete once Orbax has renamed it from
+    `<step>.orbax-checkpoint-tmp-<n>` (local) or written its `commit_success.txt` (gs://); Orbax's
+    step listing skips the others.
     """
 
     rank: int
@@ -185,6 +208,7 @@ class Progress(BaseModel):
     loss: float | None = None
     tokens_per_second: float | None = None
     mfu: float | None = None
+    eval_loss: float | None = None
 
     def line(self) -> str:
         return self.model_dump_json(exclude_none=True)
@@ -209,6 +233,7 @@ class TrainResult(BaseModel):
     step: int | None = None
     total_steps: int | None = None
     loss: float | None = None
+    eval_loss: float | None = None
     tokens_per_second: float | None = None
     checkpoint: str | None = None
     error: str | None = None

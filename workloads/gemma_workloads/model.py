@@ -10,15 +10,21 @@ mapping is widened here to take both.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from etils import epath
+from flax import nnx
 from tunix.models import safetensors_loader
 from tunix.models.gemma4 import model as gemma4
 from tunix.models.gemma4 import params_safetensors
+
+from gemma_workloads.mesh import fit_to_mesh
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 
@@ -40,9 +46,7 @@ def _attention_pattern(layer_types: list[str]) -> tuple[gemma4.AttentionType, ..
         raise ValueError(f"config.json: unknown layer type {e.args[0]!r}; expected {sorted(kinds)}") from None
 
 
-def tunix_config(
-    hf: dict[str, Any], *, dtype: str = "float32", remat: bool = False
-) -> gemma4.ModelConfig:
+def tunix_config(hf: dict[str, Any], *, dtype: str = "float32") -> gemma4.ModelConfig:
     """Tunix's ModelConfig for a Hugging Face Gemma 4 text config."""
     rope = hf.get("rope_parameters") or {}
     full_rope, local_rope = rope.get("full_attention", {}), rope.get("sliding_attention", {})
@@ -75,7 +79,6 @@ def tunix_config(
         num_experts_per_tok=hf.get("top_k_experts") if moe else None,
         expert_dim=hf.get("moe_intermediate_size") if moe else None,
         moe_dense_hidden_dim=hf["intermediate_size"] if moe else None,
-        remat_config=gemma4.RematConfig.BLOCK if remat else gemma4.RematConfig.NONE,
         param_dtype=jdtype,
         dtype=jdtype,
     )
@@ -92,13 +95,24 @@ def load_model(
     *,
     dtype: str = "float32",
     mesh: jax.sharding.Mesh | None = None,
-    remat: bool = False,
 ) -> tuple[gemma4.Gemma4, gemma4.ModelConfig]:
-    """Build Tunix's Gemma 4 from an HF checkpoint directory (sharded or single file)."""
-    config = tunix_config(read_hf_config(path), dtype=dtype, remat=remat)
+    """Build Tunix's Gemma 4 from an HF checkpoint directory (sharded or single file).
+
+    With a mesh, every weight is placed on it as Tunix annotates it, except for axes that do not
+    divide the mesh: those are replicated (see `mesh.fit_to_mesh`).
+    """
+    config = tunix_config(read_hf_config(path), dtype=dtype)
+
+    def build(cfg: gemma4.ModelConfig, *, rngs: nnx.Rngs) -> gemma4.Gemma4:
+        model = gemma4.Gemma4(cfg, rngs=rngs)
+        if mesh is not None:
+            for axis in fit_to_mesh(model, mesh, place=False):
+                log.info("replicated (does not divide the mesh): %s", axis)
+        return model
+
     model = safetensors_loader.load_and_create_model(
         file_dir=path,
-        model_class=gemma4.Gemma4,
+        model_class=build,
         config=config,
         key_mapping=_key_mapping,
         mesh=mesh,
@@ -106,3 +120,15 @@ def load_model(
         dtype=DTYPES[dtype],
     )
     return model, config
+
+
+def set_remat(model: gemma4.Gemma4, on: bool) -> None:
+    """Rematerialise each decoder layer in the backward pass (the seed paper's memory saving).
+
+    Switch it on only after LoRA is applied: Qwix creates its parameters in a first forward pass,
+    and parameters created inside `nnx.remat` are silently lost.
+    """
+    mode = gemma4.RematConfig.DECODER if on else gemma4.RematConfig.NONE
+    for _, module in model.iter_modules():
+        if isinstance(getattr(module, "config", None), gemma4.ModelConfig):
+            module.config.remat_config = mode

@@ -1,0 +1,146 @@
+"""Dataset reading, checking, tokenisation and loss masks; row layout and data order."""
+
+import json
+
+import numpy as np
+import pytest
+
+from gemma_workloads import batches, tiny
+from gemma_workloads.config import DatasetConfig
+from gemma_workloads.data import DataError, TextCodec, read_examples
+
+
+@pytest.fixture(scope="module")
+def codec(tiny_sharded) -> TextCodec:
+    return TextCodec(str(tiny_sharded.path))
+
+
+def trained_text(codec: TextCodec, example) -> str:
+    return codec.tokenizer.decode(example.tokens[example.loss_mask].tolist(), skip_special_tokens=False)
+
+
+def write_lines(path, rows) -> str:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "fmt,expected",
+    [
+        ("chat", "The capital of Peru is Lima.<turn|>\n"),  # the end of turn is learnt too
+        ("prompt-completion", " The capital of Peru is Lima.<eos>"),
+        ("text", ": What is the capital of Peru?\nA: The capital of Peru is Lima.<eos>"),  # all but the first token
+    ],
+)
+def test_loss_mask_covers_exactly_what_the_model_should_write(tmp_path, codec, fmt, expected):
+    path = tiny.write_dataset(tmp_path / "d.jsonl", fmt, n=32)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    index = next(i for i, r in enumerate(rows) if "What is the capital of Peru" in json.dumps(r))
+    example = read_examples(DatasetConfig(path=str(path), format=fmt), codec).items[index]
+    assert trained_text(codec, example) == expected
+    assert 0 < example.loss_mask.sum() < len(example)
+
+
+def test_chat_template_is_rendered_and_every_assistant_turn_trained(tmp_path, codec):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of Japan?"},
+                {"role": "assistant", "content": "Tokyo."}, {"role": "user", "content": "And Kenya?"},
+                {"role": "assistant", "content": "Nairobi."}]
+    path = write_lines(tmp_path / "d.jsonl", [{"messages": messages}])
+    (example,) = read_examples(DatasetConfig(path=path, format="chat"), codec).items
+    full = codec.tokenizer.decode(example.tokens.tolist(), skip_special_tokens=False)
+    assert full == ("<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nCapital of Japan?<turn|>\n<|turn>model\nTokyo."
+                    "<turn|>\n<|turn>user\nAnd Kenya?<turn|>\n<|turn>model\nNairobi.<turn|>\n")
+    assert trained_text(codec, example) == "Tokyo.<turn|>\nNairobi.<turn|>\n"
+
+
+@pytest.mark.parametrize(
+    "fmt,lines,message",
+    [
+        ("chat", ['{"messages": []}', '{"messages": [{"role": "user", "content": "hi"}'], r"d\.jsonl:2: invalid JSON"),
+        ("chat", ['{"msgs": [{"role": "user", "content": "hi"}]}'],
+         r"d\.jsonl:1: format 'chat' needs field\(s\) \['messages'\]; missing \['messages'\], found \['msgs'\]"),
+        ("prompt-completion", ['{"prompt": "a", "response": "b"}'], r"d\.jsonl:1: .*missing \['completion'\], found \['prompt', 'response'\]"),
+        ("chat", ['{"messages": [{"role": "robot", "content": "hi"}]}'], r"d\.jsonl:1: messages\[0\]\.role is 'robot'"),
+        ("chat", ['{"messages": [{"role": "user", "content": "hi"}]}'], r"d\.jsonl:1: no assistant message"),
+        ("text", ['["a list"]'], r"d\.jsonl:1: expected a JSON object, got list"),
+        ("text", ['{"text": 3}'], r"d\.jsonl:1: field 'text' must be a string"),
+        ("text", [], r"d\.jsonl has no usable examples"),
+    ],
+)
+def test_a_bad_line_fails_with_file_line_and_problem(tmp_path, codec, fmt, lines, message):
+    if fmt == "chat" and "invalid JSON" in message:
+        lines = ['{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}', lines[1]]
+    path = write_lines(tmp_path / "d.jsonl", lines)
+    with pytest.raises(DataError, match=message):
+        read_examples(DatasetConfig(path=path, format=fmt), codec)
+
+
+def test_missing_dataset_file_is_named(tmp_path, codec):
+    with pytest.raises(DataError, match=r"dataset .*nope\.jsonl not found"):
+        read_examples(DatasetConfig(path=str(tmp_path / "nope.jsonl")), codec)
+
+
+def test_skip_invalid_counts_what_it_skips(tmp_path, codec):
+    good = {"text": "Q: x\nA: y"}
+    path = write_lines(tmp_path / "d.jsonl", [good, "{oops", good, {"txt": "z"}])
+    out = read_examples(DatasetConfig(path=path, format="text", skip_invalid=True), codec)
+    assert len(out.items) == 2
+    assert [s.split(": ")[0] for s in out.skipped] == [f"{path}:2", f"{path}:4"]
+
+
+def test_chat_needs_a_template(tmp_path, tiny_sharded):
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).write_text((tiny_sharded.path / name).read_text())
+    path = tiny.write_dataset(tmp_path / "d.jsonl", "chat", n=2)
+    with pytest.raises(DataError, match="needs a chat template"):
+        read_examples(DatasetConfig(path=str(path), format="chat"), TextCodec(str(model)))
+
+
+def example(n: int, start: int = 10):
+    from gemma_workloads.data import Example
+
+    return Example(np.arange(start, start + n, dtype=np.int32), np.r_[np.zeros(n // 2, bool), np.ones(n - n // 2, bool)])
+
+
+def test_packing_keeps_examples_apart():
+    rows = batches.layout([example(5), example(6, 20), example(7, 30)], 12, packing=True)
+    assert len(rows) == 2
+    np.testing.assert_array_equal(rows.segment_ids[0], [1] * 5 + [2] * 6 + [0])
+    np.testing.assert_array_equal(rows.positions[0], [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 0])
+    assert not rows.loss_mask[0, 5], "a segment's first token is never predicted from the previous one"
+    inputs = batches.model_inputs({k: v[:1] for k, v in rows.take(np.arange(2)).items()})
+    attention = np.asarray(inputs["attention_mask"][0])
+    assert attention[6, 5] and attention[6, 6] and not attention[6, 4] and not attention[6, 7]
+    assert not attention[11].any(), "padding attends to nothing"
+    padded = batches.layout([example(5), example(6)], 12, packing=False)
+    assert len(padded) == 2 and padded.segment_ids[1].tolist() == [1] * 6 + [0] * 6
+
+
+def test_sequence_too_short_for_every_example():
+    with pytest.raises(DataError, match=r"max_seq_len 16 is shorter than every example \(the shortest has 20 tokens\)"):
+        batches.fitting([example(20), example(25)], 16)
+    assert len(batches.fitting([example(20), example(10)], 16)) == 1
+
+
+def test_order_is_a_function_of_seed_and_position():
+    rows = batches.layout([example(4, 10 * i) for i in range(1, 8)], 4, packing=False)
+    stream = batches.Batches(rows, 3, seed=5)
+    first = [stream.next()["tokens"][:, 0].tolist() for _ in range(5)]  # 15 rows: two epochs and a bit
+    assert sorted(sum(first[:2], []) + first[2][:1]) == [10 * i for i in range(1, 8)], "epoch 0 visits every row once"
+    resumed = batches.Batches(rows, 3, seed=5, position=3)
+    assert resumed.next()["tokens"][:, 0].tolist() == first[3]
+    assert batches.Batches(rows, 3, seed=6).next()["tokens"][:, 0].tolist() != first[0]
+    assert stream.state() | {"fingerprint": None} == {"micro_batches": 5, "micro_batch_size": 3, "epoch": 2,
+                                                       "row_in_epoch": 1, "fingerprint": None}
+    assert stream.steps_for(epochs=2, batch_size=6) == 3
+
+
+def test_eval_split_is_held_out_and_covered_once():
+    examples = [example(4, 10 * i) for i in range(1, 11)]
+    train, held = batches.split(examples, 0.2, seed=0)
+    assert len(train) == 8 and len(held) == 2
+    assert {e.tokens[0] for e in train} | {e.tokens[0] for e in held} == {10 * i for i in range(1, 11)}
+    evals = batches.eval_batches(batches.layout(held, 4, packing=False), 3)
+    assert len(evals) == 1 and evals[0]["segment_ids"][2].sum() == 0 and not evals[0]["loss_mask"][2].any()

@@ -1,0 +1,65 @@
+"""Where and when the LoRA adapter is checkpointed (Orbax, through Tunix's checkpoint manager).
+
+Layout under `TrainConfig.checkpoint_dir` (documented for the merge on `config.LoraMetadata`):
+`lora.json`, then one folder per optimizer step, `<step>/model_params` (LoRA parameters only),
+`<step>/optimizer_state`, and `<step>/_CHECKPOINT_METADATA` whose `custom_metadata` holds the
+data position. Orbax writes a step under a temporary name (locally) or without its
+`commit_success.txt` (on gs://) until it is complete, so a save cut short is never listed as a
+step; `cleanup_tmp_directories` removes such leftovers when the next run starts.
+"""
+
+from __future__ import annotations
+
+import orbax.checkpoint as ocp
+from etils import epath
+
+from gemma_workloads.config import LORA_METADATA, LoraMetadata, TrainConfig, join
+
+DATA_POSITION = "data_position"  # key of the data position in a step's custom metadata
+
+
+class CheckpointMismatch(ValueError):
+    """The checkpoint directory holds an adapter this config cannot continue."""
+
+
+def options(config: TrainConfig, total_steps: int) -> ocp.CheckpointManagerOptions:
+    """Every `checkpoint_every` steps and at the last step, keeping the latest `keep_checkpoints`.
+
+    Saves are synchronous: one every `checkpoint_every` steps costs little, and its measured
+    duration is what tells a preempted run whether a final save fits in the grace period.
+    """
+    policies = [ocp.checkpoint_managers.FixedIntervalPolicy(config.checkpoint_every),
+                ocp.checkpoint_managers.SpecificStepsPolicy([total_steps])]
+    return ocp.CheckpointManagerOptions(
+        save_decision_policy=ocp.checkpoint_managers.AnySavePolicy(policies),
+        max_to_keep=config.keep_checkpoints,
+        enable_async_checkpointing=False,
+        cleanup_tmp_directories=True,
+    )
+
+
+def lora_metadata(config: TrainConfig) -> LoraMetadata:
+    lora = config.lora
+    return LoraMetadata(rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules,
+                        base_model_path=config.model_path, model_dtype=config.model_dtype)
+
+
+def write_lora_metadata(config: TrainConfig) -> None:
+    """Write `lora.json` before the first checkpoint; refuse to mix two adapters in one folder."""
+    path = epath.Path(config.checkpoint_dir) / LORA_METADATA
+    new = lora_metadata(config)
+    if path.exists():
+        old = LoraMetadata.model_validate_json(path.read_text())
+        if (old.rank, old.alpha, sorted(old.target_modules)) != (new.rank, new.alpha, sorted(new.target_modules)):
+            raise CheckpointMismatch(
+                f"{path} describes a rank-{old.rank} adapter (alpha {old.alpha}, targets {old.target_modules}); "
+                f"this config trains rank {new.rank} (alpha {new.alpha}, targets {new.target_modules}): "
+                "use another output_dir"
+            )
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(new.model_dump_json(indent=2))
+
+
+def step_dir(config: TrainConfig, step: int) -> str:
+    return join(config.checkpoint_dir, str(step))

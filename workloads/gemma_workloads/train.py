@@ -1,0 +1,268 @@
+"""`python -m gemma_workloads.train --config FILE`: LoRA fine-tuning of Gemma 4, the seed paper's
+recipe (Tunix PeftTrainer, Qwix LoRA, AdamW with warmup and decay, fsdp x tp mesh, Orbax
+checkpoints), for any Gemma 4 checkpoint in Hugging Face format, local or on gs://.
+
+The run checks its config and every dataset line before touching a device, resumes from the
+latest complete checkpoint, reports progress on stdout, and ends with a `TrainResult` in the
+termination log and an exit code the operator acts on (config.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+import optax
+import pydantic
+import yaml
+from flax import nnx
+from tunix.models.gemma4 import model as gemma4
+from tunix.sft import peft_trainer
+
+from gemma_workloads import batches as batching
+from gemma_workloads import checkpoints, lora, mesh, metrics
+from gemma_workloads.config import (
+    EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_OK, EXIT_PREEMPTED, TERMINATION_LOG, Progress, TrainConfig, TrainResult,
+    write_termination_message,
+)
+from gemma_workloads.data import DataError, TextCodec, read_examples
+from gemma_workloads.feed import DataFeed
+from gemma_workloads.model import load_model, read_hf_config, set_remat
+from gemma_workloads.preemption import Preempted, Preemption
+from gemma_workloads.progress import ProgressReporter
+
+log = logging.getLogger("gemma_workloads.train")
+
+
+class ConfigError(ValueError):
+    """The config is valid on its own but not for this data or checkpoint directory."""
+
+
+BAD_INPUT = (ConfigError, DataError, checkpoints.CheckpointMismatch, pydantic.ValidationError)
+
+
+@dataclass
+class Data:
+    train: batching.Batches
+    eval: list[dict[str, np.ndarray]]
+    total_steps: int
+
+
+@dataclass
+class Outcome:
+    result: TrainResult
+    exit_code: int
+    history: list[Progress]
+
+
+def prepare_data(config: TrainConfig) -> Data:
+    """Tokenise and check the whole dataset, lay it out in rows, and count the steps."""
+    ds = config.dataset
+    examples = read_examples(ds, TextCodec(config.model_path))
+    kept = batching.fitting(examples.items, ds.max_seq_len)
+    train, held_out = batching.split(kept, ds.eval_fraction, config.seed)
+    rows = batching.layout(train, ds.max_seq_len, packing=ds.packing)
+    data = batching.Batches(rows, config.micro_batch_size, config.seed)
+    total = config.steps or data.steps_for(config.epochs, config.batch_size)
+    if config.warmup_steps >= total:
+        raise ConfigError(f"warmup_steps {config.warmup_steps} must be smaller than the {total} training steps")
+    evals = []
+    if held_out:
+        evals = batching.eval_batches(batching.layout(held_out, ds.max_seq_len, packing=ds.packing), config.micro_batch_size)
+    log.info("data: %d examples -> %d rows of %d tokens (%d held out for eval); %d steps of %d rows",
+             len(kept), len(rows), ds.max_seq_len, len(held_out), total, config.batch_size)
+    return Data(data, evals, total)
+
+
+def schedule(config: TrainConfig, total_steps: int) -> optax.Schedule:
+    lr, warmup = config.learning_rate, config.warmup_steps
+    if config.lr_schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, total_steps)
+    if config.lr_schedule == "linear":
+        return optax.join_schedules(
+            [optax.linear_schedule(0.0, lr, warmup), optax.linear_schedule(lr, 0.0, total_steps - warmup)], [warmup]
+        )
+    return optax.warmup_constant_schedule(0.0, lr, warmup)
+
+
+def optimizer(config: TrainConfig, total_steps: int) -> optax.GradientTransformation:
+    """AdamW over optimizer steps (Tunix wraps it to accumulate micro-batch gradients)."""
+    return optax.inject_hyperparams(optax.adamw)(learning_rate=schedule(config, total_steps),
+                                                 weight_decay=config.weight_decay)
+
+
+class Trainer(peft_trainer.PeftTrainer):
+    """Tunix's PeftTrainer whose checkpoints also hold the data position, and whose step keeps
+    the trained state where it was placed."""
+
+    feed: DataFeed | None = None
+    mesh: jax.sharding.Mesh | None = None
+
+    def create_train_step_fn(self):
+        """Tunix's step, with the LoRA parameters and optimizer state constrained to their
+        annotated shardings: left to XLA, they come back laid out differently, and the next call
+        compiles the whole step again (minutes for the 31B model)."""
+        step, device_mesh = super().create_train_step_fn(), self.mesh
+
+        def train_step(model, optimizer, inputs):
+            out = step(model, optimizer, inputs)
+            for node, kind in ((model, nnx.LoRAParam), (optimizer, nnx.optimizer.OptState)):
+                state = nnx.state(node, kind)
+                nnx.update(node, jax.lax.with_sharding_constraint(state, nnx.get_named_sharding(state, device_mesh)))
+            return out
+
+        return train_step
+
+    def custom_checkpoint_metadata(self) -> dict:
+        return {checkpoints.DATA_POSITION: self.feed.batches.state()} if self.feed else {}
+
+    @property
+    def restored_metadata(self) -> dict:
+        return self._restored_custom_metadata or {}
+
+
+def adapt(model: gemma4.Gemma4, config: TrainConfig, device_mesh: jax.sharding.Mesh) -> tuple[gemma4.Gemma4, nnx.Rngs | None]:
+    """LoRA on the base model, placed on the mesh, with remat and dropout as configured."""
+    model = lora.apply_lora(model, config.lora, seed=config.seed)
+    for axis in mesh.fit_to_mesh(model, device_mesh, place=True):
+        log.info("replicated (does not divide the mesh): %s", axis)
+    set_remat(model, config.gradient_checkpointing)
+    dropout = nnx.Rngs(dropout=config.seed) if config.lora.dropout > 0 else None
+    if dropout is not None:
+        model.set_attributes(qwix_rngs=dropout)  # Qwix draws LoRA dropout masks from here
+    return model, dropout
+
+
+def make_trainer(model: gemma4.Gemma4, config: TrainConfig, total_steps: int, device_mesh: jax.sharding.Mesh) -> Trainer:
+    """Tunix's PeftTrainer for the config; it restores the latest complete checkpoint, if any."""
+    trainer = Trainer(model, optimizer(config, total_steps), peft_trainer.TrainingConfig(
+        eval_every_n_steps=config.checkpoint_every,
+        max_steps=total_steps,
+        gradient_accumulation_steps=config.grad_accumulation if config.grad_accumulation > 1 else None,
+        checkpoint_root_directory=config.checkpoint_dir,
+        checkpointing_options=checkpoints.options(config, total_steps),
+        pbar_description=None,
+    )).with_gen_model_input_fn(batching.model_inputs)
+    trainer.mesh = device_mesh
+    return trainer
+
+
+def resume_position(trainer: Trainer, config: TrainConfig, data: Data) -> int:
+    """Micro-batches already consumed, from the restored checkpoint (0 on a fresh start)."""
+    expected = trainer.train_steps * config.grad_accumulation
+    saved = trainer.restored_metadata.get(checkpoints.DATA_POSITION)
+    if saved is None:
+        if trainer.train_steps:
+            log.warning("checkpoint at step %d has no data position; assuming %d micro-batches", trainer.train_steps, expected)
+        return expected
+    if (saved["micro_batches"], saved["micro_batch_size"]) != (expected, config.micro_batch_size):
+        raise ConfigError(
+            f"the checkpoint at step {trainer.train_steps} consumed {saved['micro_batches']} micro-batches of "
+            f"{saved['micro_batch_size']}; this config would have consumed {expected} of {config.micro_batch_size}: "
+            "batch_size and micro_batch_size must not change when resuming"
+        )
+    if saved["fingerprint"] != data.train.rows.fingerprint:
+        log.warning("the training data differ from the checkpoint's; resuming at the same position anyway")
+    return expected
+
+
+def fit(trainer: Trainer, data: Data, config: TrainConfig, model_config: gemma4.ModelConfig, *,
+        preemption: Preemption, dropout: nnx.Rngs | None, device_mesh: jax.sharding.Mesh) -> ProgressReporter:
+    """Run the training loop from the data position to the last step or a stop request."""
+    data.train.position = resume_position(trainer, config, data)
+    if trainer.train_steps:
+        log.info("resumed from step %d (%s)", trainer.train_steps, data.train.state())
+    feed = trainer.feed = DataFeed(
+        data.train, data.eval, total_steps=data.total_steps, accumulation=config.grad_accumulation, seed=config.seed,
+        preemption=preemption, dropout=dropout, device_mesh=device_mesh,
+    )
+    reporter = ProgressReporter(
+        total_steps=data.total_steps, log_every=config.log_every, output_dir=config.output_dir,
+        tokens_in_step=feed.tokens_in_step, devices=jax.device_count(),
+        peak_tflops=config.peak_tflops_per_device or metrics.peak_tflops(jax.devices()[0].device_kind),
+        flops_per_token=metrics.flops_per_token(model_config, config.dataset.max_seq_len,
+                                                lora.lora_parameter_count(trainer.model)),
+        primary=jax.process_index() == 0,
+    )
+    trainer.with_data_hooks(feed)
+    trainer.with_training_hooks(reporter)
+    try:
+        trainer.train((), data.eval)
+    except Preempted as stop:
+        log.warning("preempted: %s", stop)
+        trainer.checkpoint_manager.close()
+    return reporter
+
+
+def run(config: TrainConfig) -> Outcome:
+    """Train (or resume) to the end, or until preempted."""
+    with Preemption(config.termination_grace_seconds, multi_host=config.num_hosts > 1) as preemption:
+        mesh.initialize_distributed(config.num_hosts)
+        try:
+            read_hf_config(config.model_path)
+        except FileNotFoundError:
+            raise ConfigError(f"model_path {config.model_path} has no config.json") from None
+        data = prepare_data(config)
+        if jax.process_index() == 0:
+            checkpoints.write_lora_metadata(config)
+        device_mesh = mesh.make_mesh(config.mesh)
+        log.info("mesh fsdp=%d x tp=%d over %d %s device(s)", *device_mesh.devices.shape, jax.device_count(),
+                 jax.devices()[0].device_kind)
+        with device_mesh:  # Tunix 0.1.7 reads the mesh of this legacy context, not jax.set_mesh's
+            model, model_config = load_model(config.model_path, dtype=config.model_dtype, mesh=device_mesh)
+            model, dropout = adapt(model, config, device_mesh)
+            trainer = make_trainer(model, config, data.total_steps, device_mesh)
+            reporter = fit(trainer, data, config, model_config, preemption=preemption, dropout=dropout,
+                           device_mesh=device_mesh)
+    step, latest = trainer.train_steps, trainer.checkpoint_manager.latest_step()
+    status, code = ("succeeded", EXIT_OK) if step >= data.total_steps else ("preempted", EXIT_PREEMPTED)
+    result = TrainResult(
+        status=status, step=step, total_steps=data.total_steps, loss=reporter.loss, eval_loss=reporter.eval_loss,
+        tokens_per_second=reporter.tokens_per_second(),
+        checkpoint=checkpoints.step_dir(config, latest) if latest is not None else None,
+    )
+    return Outcome(result, code, reporter.history)
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, pydantic.ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())
+    return str(error)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="LoRA fine-tuning of Gemma 4 (Tunix + Qwix).")
+    parser.add_argument("--config", required=True, help="TrainConfig file (JSON or YAML)")
+    args = parser.parse_args(argv)
+    try:
+        config = TrainConfig.load(args.config)
+    except (pydantic.ValidationError, OSError, ValueError, yaml.YAMLError) as e:
+        return _fail(f"config {args.config}: {_describe(e)}", EXIT_INVALID_INPUT, TERMINATION_LOG)
+    try:
+        outcome = run(config)
+    except BAD_INPUT as e:
+        return _fail(_describe(e), EXIT_INVALID_INPUT, config.termination_log)
+    except Exception as e:  # noqa: BLE001 (any other failure is reported, then the pod fails)
+        log.exception("training failed")
+        return _fail(f"{type(e).__name__}: {e}", EXIT_FAILED, config.termination_log)
+    write_termination_message(outcome.result, config.termination_log)
+    log.info("result: %s", outcome.result.model_dump_json(exclude_none=True))
+    return outcome.exit_code
+
+
+def _fail(message: str, code: int, termination_log: str) -> int:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    write_termination_message(TrainResult(status="failed", error=message), termination_log)
+    return code
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        force=True)  # absl installs a root handler at import
+    for noisy in ("absl", "jax", "orbax"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    sys.exit(main())
