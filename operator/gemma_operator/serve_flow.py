@@ -103,7 +103,9 @@ def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
         return
     _cond(v, st, "Progressing", True, "RollingOut", f"revision {p.revision}: {updated}/{replicas} updated, {ready} ready")
     _cond(v, st, "Ready", False, "RollingOut", f"{ready}/{replicas} ready")
-    st.update(phase="Deploying", message=f"rolling out revision {p.revision}: {updated}/{replicas} updated, {ready} ready")
+    problem = _pod_problem(v.pods)
+    st.update(phase="Deploying", message=f"rolling out revision {p.revision}: {updated}/{replicas} updated, {ready} ready"
+              + (f" ({problem})" if problem else ""))  # fmt: skip
 
 
 def _waiting(v: ServeView) -> tuple[str, str]:

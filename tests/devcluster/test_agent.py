@@ -183,3 +183,23 @@ def test_mount_translation_and_missing_volumes(tmp_path):
         materialize(pod, {"volumeMounts": [{"name": "v", "mountPath": "/m"}]}, tmp_path, {}, {}, {})
     with pytest.raises(VolumeError, match='persistentvolumeclaim "other" is not provided by this node'):
         materialize(pod, {"volumeMounts": [{"name": "p", "mountPath": "/m"}]}, tmp_path, {"data": tmp_path}, {}, {})
+
+
+async def test_a_crashing_server_loops_in_place_like_on_a_node(apiserver, node):
+    cluster = Cluster(apiserver)
+    container = {"name": "web", "image": IMAGE, "command": ["python", "-c", "import sys; print('bad flag'); sys.exit(3)"]}
+    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "crash", "namespace": NS},
+           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "crash"}},
+                    "template": {"metadata": {"labels": {"app": "crash"}}, "spec": {"containers": [container]}}}}  # fmt: skip
+    await cluster.apply(dep)
+
+    async def looping():
+        pods = await cluster.kube.list("Pod", NS, "app=crash")
+        cs = ((pods[0].get("status") or {}).get("containerStatuses") or [{}])[0] if pods else {}
+        return pods if cs.get("state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff" else None
+
+    pods = await cluster.wait_for(looping, timeout=20, message="CrashLoopBackOff")
+    await asyncio.sleep(0.5)
+    assert len(await cluster.kube.list("Pod", NS, "app=crash")) == 1, "the pod is not replaced, it restarts in place"
+    cs = pods[0]["status"]["containerStatuses"][0]
+    assert pods[0]["status"]["phase"] == "Running" and cs["lastState"]["terminated"]["exitCode"] == 3

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import secrets
+import time
 from typing import Any
 
 from gemma_operator.devcluster.kubelet import LocalPod, Node, PodStartError, log_text, unschedulable, waiting_status
@@ -135,15 +136,15 @@ class NodeAgent:
         if code is None and not local.ready:
             local.ready = bool(await asyncio.to_thread(local.probe, "readinessProbe"))
         if code is not None and pod["spec"].get("restartPolicy", "Always") == "Always":
-            # A Deployment's container restarts in place; this node gives up after a few tries.
-            if local.restarts < 3:
-                self.pods.pop((local.namespace, local.name))
-                self._seen.discard(pod["metadata"]["uid"])
+            # The container restarts in place, after a growing back-off (CrashLoopBackOff).
+            if local.restart_at is None:
+                local.status()  # fix the terminated state the back-off reports as lastState
+                local.restart_at = time.monotonic() + min(300, 10 * 2**local.restarts)
+            elif time.monotonic() >= local.restart_at:
                 restarted = await asyncio.to_thread(LocalPod.start, pod, self.node, *await self._config(pod))
                 restarted.restarts = local.restarts + 1
                 self.pods[(local.namespace, local.name)] = restarted
-                self._seen.add(pod["metadata"]["uid"])
-                return
+                local = restarted
         await self._set_status(pod, local.status())
 
     async def _config(self, pod: dict) -> tuple[dict, dict]:

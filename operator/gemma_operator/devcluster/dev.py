@@ -129,7 +129,9 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> Outcome:
     await asyncio.to_thread(_make_data, data)
 
     settings = OperatorSettings(progress_poll_seconds=1.0)
-    images = {settings.images.workloads: Path(sys.executable).parent, settings.images.serving_cpu: Path(args.vllm_python).parent}
+    # Each "image" is a virtual environment; absolute, as pods run in their own folders.
+    images = {settings.images.workloads: Path(sys.executable).parent.absolute(),
+              settings.images.serving_cpu: Path(args.vllm_python).parent.absolute()}  # fmt: skip
     async with ApiServer() as apiserver, kmock.Server(apiserver, port=args.port or None) as server:
         apiserver.register_defaults()
         url = str(server.url).rstrip("/")
@@ -171,6 +173,9 @@ async def _follow(kube: Kube, apiserver: ApiServer, table: Table, stop: asyncio.
         table.update(objs)
         out.fine_tune = next((o for o in objs if o["kind"] == api.FINETUNE.kind), None)
         out.serve = next((o for o in objs if o["kind"] == api.SERVE.kind), None)
+        crash = await _crash_loop(kube)
+        if crash:
+            raise DevError(crash + _failure_details(apiserver, {"metadata": {"name": crash.split()[1]}}))
         for obj in objs:
             if (obj.get("status") or {}).get("phase") == "Failed":
                 raise DevError(f"{obj['kind']} {obj['metadata']['name']} failed: {obj['status'].get('message')}"
@@ -192,6 +197,16 @@ async def _follow(kube: Kube, apiserver: ApiServer, table: Table, stop: asyncio.
                 for o in objs))  # fmt: skip
         await asyncio.sleep(0.5)
     return out
+
+
+async def _crash_loop(kube: Kube) -> str | None:
+    """A pod whose container keeps exiting: on this machine that will not fix itself."""
+    for pod in await kube.list("Pod", None):
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            if (cs.get("state") or {}).get("waiting", {}).get("reason") == "CrashLoopBackOff":
+                last = (cs.get("lastState") or {}).get("terminated") or {}
+                return f"pod {pod['metadata']['name']} keeps crashing (exit code {last.get('exitCode')})"
+    return None
 
 
 def _summary(out: Outcome, url: str) -> None:

@@ -66,6 +66,7 @@ class LocalPod:
     restarts: int = 0
     started_at: str = field(default_factory=lambda: timestamp(now()))
     finished: dict[str, Any] | None = None  # the terminated state, fixed once the process ends
+    restart_at: float | None = None  # a crashed container of a Deployment pod waits until then
 
     # ------------------------------------------------------------------ start
 
@@ -157,6 +158,11 @@ class LocalPod:
             state = {"terminated": self.finished}
             phase = "Succeeded" if code == 0 else "Failed"
         ready = code is None and self.ready
+        last: dict[str, Any] = {}
+        if self.restart_at is not None:  # crashed, waiting to run again in place
+            phase = "Running"
+            last = {"lastState": {"terminated": self.finished}}
+            state = {"waiting": {"reason": "CrashLoopBackOff", "message": f"back-off restarting failed container {name}"}}
         return {
             "phase": phase,
             "podIP": "127.0.0.1",
@@ -166,7 +172,7 @@ class LocalPod:
                 {"type": "ContainersReady", "status": str(ready)},
             ],
             "containerStatuses": [{"name": name, "ready": ready, "restartCount": self.restarts, "state": state,
-                                   "image": self.container["image"]}],  # fmt: skip
+                                   "image": self.container["image"], **last}],  # fmt: skip
         }
 
 
