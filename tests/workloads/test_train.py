@@ -37,7 +37,7 @@ def make_config(tmp: Path, model_path: str, fmt: str = "chat", **overrides) -> T
         tiny.write_dataset(dataset, fmt, n=64)
     values = dict(
         model_path=model_path, model_dtype="float32",
-        dataset=dict(path=str(dataset), format=fmt, max_seq_len=32, eval_fraction=0.1),
+        dataset=dict(path=str(dataset), format=fmt, max_seq_len=64, eval_fraction=0.1),
         lora=dict(rank=8, alpha=16.0, dropout=0.05), steps=STEPS, batch_size=8, micro_batch_size=4,
         learning_rate=3e-3, warmup_steps=3, checkpoint_every=EVERY, keep_checkpoints=2, log_every=1,
         output_dir=str(tmp / "out"), termination_log=str(tmp / "termination-log"),
@@ -67,7 +67,7 @@ def runs(tmp_path_factory, tiny_sharded) -> dict[str, tuple[TrainConfig, train.O
     out = {}
     for fmt in FORMATS:
         config = make_config(tmp_path_factory.mktemp(fmt), str(tiny_sharded.path), fmt)
-        if fmt == "text":  # packed rows (several examples each), same shapes: the same compiled step
+        if fmt == "text":  # packed: three examples a row; same shapes, so the same compiled step
             config = config.model_copy(update={"dataset": config.dataset.model_copy(update={"packing": True})})
         out[fmt] = config, train.run(config)
     return out
@@ -75,8 +75,10 @@ def runs(tmp_path_factory, tiny_sharded) -> dict[str, tuple[TrainConfig, train.O
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_training_reduces_loss(runs, fmt):
-    _, outcome = runs[fmt]
+    config, outcome = runs[fmt]
     assert outcome.exit_code == EXIT_OK and outcome.result.step == STEPS
+    if config.dataset.packing:
+        assert len(train.prepare_data(config).train.rows) == 19, "57 training examples, three a row"
     losses = [p.loss for p in outcome.history]
     assert len(losses) == STEPS
     assert np.mean(losses[-5:]) < 0.85 * losses[0], losses
