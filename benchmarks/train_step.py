@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -77,13 +76,17 @@ def main() -> None:
     args = parser.parse_args()
 
     cfg = model_config(args)
-    out = Path(tempfile.mkdtemp(prefix="train-step-bench-"))
+    with tempfile.TemporaryDirectory(prefix="train-step-bench-") as out:
+        run(args, cfg, out)
+
+
+def run(args: argparse.Namespace, cfg: gemma4.ModelConfig, out: str) -> None:
     config = TrainConfig(
         model_path="(random weights)", model_dtype=args.dtype,
         dataset=DatasetConfig(path="(random tokens)", max_seq_len=args.seq),
         lora=LoraConfig(rank=args.rank, alpha=float(args.rank), dropout=0.05), steps=args.steps,
         batch_size=args.micro_batch * args.accumulation, micro_batch_size=args.micro_batch, learning_rate=1e-4,
-        checkpoint_every=10**6, log_every=1, gradient_checkpointing=not args.no_remat, output_dir=str(out),
+        checkpoint_every=10**6, log_every=1, gradient_checkpointing=not args.no_remat, output_dir=out,
         peak_tflops_per_device=args.peak_tflops,
     )
     rows = synthetic_rows(config.batch_size * args.steps, args.seq, cfg.num_embed)
