@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from tunix.models.gemma4 import model as gemma4
 
-from gemma_workloads import batches, mesh, model, tiny, train
+from gemma_workloads import batches, lora, mesh, metrics, model, tiny, train
 from gemma_workloads.config import DatasetConfig, LoraConfig, TrainConfig
 from gemma_workloads.preemption import Preemption
 
@@ -38,6 +38,20 @@ def model_config(args: argparse.Namespace) -> gemma4.ModelConfig:
     if args.layers:
         cfg.num_layers = args.layers
     return cfg
+
+
+def constant_model(cfg: gemma4.ModelConfig, device_mesh: jax.sharding.Mesh) -> gemma4.Gemma4:
+    """The model with every weight 0.02, made in place on the mesh: timing does not depend on the
+    values, and eager random initialisation needs several times the model's memory."""
+    abstract = nnx.eval_shape(lambda: gemma4.Gemma4(cfg, rngs=nnx.Rngs(0)))
+    mesh.fit_to_mesh(abstract, device_mesh, place=False)
+    graph, state = nnx.split(abstract)
+    shardings = nnx.get_named_sharding(state, device_mesh).to_pure_dict()
+
+    def fill(a: jax.ShapeDtypeStruct, sharding) -> jax.Array:
+        return jax.jit(lambda: jnp.full(a.shape, 0.02, a.dtype), out_shardings=sharding)()
+
+    return nnx.merge(graph, jax.tree.map(fill, state.to_pure_dict(), shardings))
 
 
 def synthetic_rows(count: int, seq: int, vocab: int) -> batches.Rows:
@@ -62,35 +76,39 @@ def main() -> None:
     args = parser.parse_args()
 
     cfg = model_config(args)
-    out = Path(tempfile.mkdtemp(prefix="train-step-bench-"))
+    with tempfile.TemporaryDirectory(prefix="train-step-bench-") as out:
+        run(args, cfg, out)
+
+
+def run(args: argparse.Namespace, cfg: gemma4.ModelConfig, out: str) -> None:
     config = TrainConfig(
         model_path="(random weights)", model_dtype=args.dtype,
         dataset=DatasetConfig(path="(random tokens)", max_seq_len=args.seq),
         lora=LoraConfig(rank=args.rank, alpha=float(args.rank), dropout=0.05), steps=args.steps,
         batch_size=args.micro_batch * args.accumulation, micro_batch_size=args.micro_batch, learning_rate=1e-4,
-        checkpoint_every=10**6, log_every=1, gradient_checkpointing=not args.no_remat, output_dir=str(out),
+        checkpoint_every=10**6, log_every=1, gradient_checkpointing=not args.no_remat, output_dir=out,
         peak_tflops_per_device=args.peak_tflops,
     )
     rows = synthetic_rows(config.batch_size * args.steps, args.seq, cfg.num_embed)
     data = train.Data(batches.Batches(rows, args.micro_batch, seed=0), [], args.steps)
     device_mesh = mesh.make_mesh(None)
     with Preemption(0, multi_host=False) as preemption, device_mesh:
-        base = gemma4.Gemma4(cfg, rngs=nnx.Rngs(0))
-        mesh.fit_to_mesh(base, device_mesh, place=True)  # Qwix places LoRA factors as their base weights
+        base = constant_model(cfg, device_mesh)
         weights = sum(x.size for x in jax.tree.leaves(nnx.state(base, nnx.Param)))
         lora_model, dropout = train.adapt(base, config, device_mesh)
         trainer = train.make_trainer(lora_model, config, args.steps, device_mesh)
         reporter = train.fit(trainer, data, config, cfg, preemption=preemption, dropout=dropout, device_mesh=device_mesh)
 
-    timed = reporter.history[1:-1] or reporter.history[1:]  # neither the compiling step nor the final save
+    timed = reporter.history[1:-1] or reporter.history[1:]  # per-step rates (the last line is the run's average)
     rate = statistics.median(p.tokens_per_second for p in timed)
     tokens_per_step = config.batch_size * args.seq
     print(f"model       {args.preset} x {cfg.num_layers} layers, {args.dtype}, LoRA rank {args.rank} "
-          f"({weights / 1e9:.2f} B weights)")
+          f"({weights / 1e6:,.1f} M weights)")
     print(f"devices     {jax.device_count()} x {jax.devices()[0].device_kind}, mesh {dict(device_mesh.shape)}")
     print(f"batch       {args.micro_batch} x {args.seq} tokens x {args.accumulation} micro-batches")
     print(f"step time   {tokens_per_step / rate:.3f} s (median of {len(timed)} steps)")
     print(f"tokens/s    {rate:.1f}")
+    print(f"FLOPs/token {metrics.flops_per_token(cfg, args.seq, lora.lora_parameter_count(lora_model)) / 1e9:.3f} G")
     mfu = statistics.median(p.mfu for p in timed) if timed[0].mfu is not None else None
     print(f"MFU         {'%.2f %%' % (100 * mfu) if mfu is not None else 'n/a (no peak known: pass --peak-tflops)'}")
 

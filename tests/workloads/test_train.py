@@ -12,17 +12,18 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
-from gemma_workloads import batches, checkpoints, mesh, tiny, train
+from gemma_workloads import batches, checkpoints, lora, mesh, tiny, train
 from gemma_workloads.config import (
-    EXIT_INVALID_INPUT, EXIT_OK, EXIT_PREEMPTED, LORA_METADATA, DatasetConfig, LoraMetadata, Progress, TrainConfig,
+    EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_OK, EXIT_PREEMPTED, LORA_METADATA, DatasetConfig, LoraMetadata, Progress, TrainConfig,
     TrainResult,
 )
 from gemma_workloads.data import TextCodec, read_examples
-from gemma_workloads.model import load_model
+from gemma_workloads.model import load_model, set_remat
 
 FORMATS = ("chat", "prompt-completion", "text")
 STEPS, EVERY = 30, 5
@@ -36,7 +37,7 @@ def make_config(tmp: Path, model_path: str, fmt: str = "chat", **overrides) -> T
         tiny.write_dataset(dataset, fmt, n=64)
     values = dict(
         model_path=model_path, model_dtype="float32",
-        dataset=dict(path=str(dataset), format=fmt, max_seq_len=32, eval_fraction=0.1),
+        dataset=dict(path=str(dataset), format=fmt, max_seq_len=64, eval_fraction=0.1),
         lora=dict(rank=8, alpha=16.0, dropout=0.05), steps=STEPS, batch_size=8, micro_batch_size=4,
         learning_rate=3e-3, warmup_steps=3, checkpoint_every=EVERY, keep_checkpoints=2, log_every=1,
         output_dir=str(tmp / "out"), termination_log=str(tmp / "termination-log"),
@@ -66,14 +67,18 @@ def runs(tmp_path_factory, tiny_sharded) -> dict[str, tuple[TrainConfig, train.O
     out = {}
     for fmt in FORMATS:
         config = make_config(tmp_path_factory.mktemp(fmt), str(tiny_sharded.path), fmt)
+        if fmt == "text":  # packed: three examples a row; same shapes, so the same compiled step
+            config = config.model_copy(update={"dataset": config.dataset.model_copy(update={"packing": True})})
         out[fmt] = config, train.run(config)
     return out
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_training_reduces_loss(runs, fmt):
-    _, outcome = runs[fmt]
+    config, outcome = runs[fmt]
     assert outcome.exit_code == EXIT_OK and outcome.result.step == STEPS
+    if config.dataset.packing:
+        assert len(train.prepare_data(config).train.rows) == 19, "57 training examples, three a row"
     losses = [p.loss for p in outcome.history]
     assert len(losses) == STEPS
     assert np.mean(losses[-5:]) < 0.85 * losses[0], losses
@@ -150,6 +155,46 @@ def test_prompt_tokens_do_not_count(tmp_path, tiny_sharded, tiny_on_one_device):
     assert loss(short) == pytest.approx(loss(long), abs=1e-6)
     every_token = [dict(b, loss_mask=b["segment_ids"] > 0) for b in (short, long)]
     assert abs(loss(every_token[0]) - loss(every_token[1])) > 1e-3, "the test must be able to fail"
+
+
+def test_remat_recomputes_each_decoder_layer_with_the_same_gradients(tmp_path, tiny_sharded, tiny_on_one_device, token_ids):
+    device_mesh, (model, _) = tiny_on_one_device
+    config = make_config(tmp_path, str(tiny_sharded.path), lora=dict(rank=8, alpha=16.0), gradient_checkpointing=True)
+    model, _ = train.adapt(model, config, device_mesh)
+    assert lora.lora_parameter_count(model) > 0, "LoRA parameters survive remat (Qwix creates them before it is on)"
+    for path, var in nnx.iter_graph(model):
+        if isinstance(var, nnx.LoRAParam) and path[-1].endswith("lora_b"):
+            var[...] = np.full(var.shape, 0.01, np.float32)  # a non-zero adapter, so every gradient matters
+    batch = {"tokens": token_ids, "loss_mask": np.ones_like(token_ids, bool), "segment_ids": np.ones_like(token_ids),
+             "positions": np.tile(np.arange(token_ids.shape[1], dtype=np.int32), (len(token_ids), 1))}
+
+    def grad():  # a new function each time: nnx reuses a function's trace for the same graph
+        return nnx.value_and_grad(lambda m: peft_trainer_loss(m, batch), argnums=nnx.DiffState(0, nnx.LoRAParam))
+
+    assert str(jax.make_jaxpr(grad())(model)).count("remat") == len(model.layers)
+    with_remat = nnx.jit(grad())(model)
+    set_remat(model, False)
+    assert str(jax.make_jaxpr(grad())(model)).count("remat") == 0
+    without = nnx.jit(grad())(model)
+    for a, b in zip(jax.tree.leaves(with_remat), jax.tree.leaves(without)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)  # recomputed, so fused differently
+
+
+def peft_trainer_loss(model, batch: dict):
+    from tunix.sft import peft_trainer
+
+    return peft_trainer.PeftTrainer(model, optax.sgd(0.0), peft_trainer.TrainingConfig(eval_every_n_steps=1)).loss_fn(
+        model, **batches.model_inputs(batch))
+
+
+def test_learning_rate_schedules(tmp_path, tiny_sharded):
+    def at(kind: str, steps: list[int]) -> list[float]:
+        config = make_config(tmp_path, str(tiny_sharded.path), lr_schedule=kind, learning_rate=1.0, warmup_steps=10)
+        return [float(train.schedule(config, 110)(s)) for s in steps]
+
+    assert at("cosine", [0, 5, 10, 60, 110]) == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0], abs=1e-6)
+    assert at("linear", [0, 5, 10, 60, 110]) == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0], abs=1e-6)
+    assert at("constant", [0, 5, 10, 110]) == pytest.approx([0.0, 0.5, 1.0, 1.0], abs=1e-6)
 
 
 def test_a_partly_written_checkpoint_is_never_resumed_from(runs, tmp_path, tiny_on_one_device):
@@ -237,9 +282,11 @@ def test_sharded_run_matches_the_single_device_run(runs, tmp_path):
     the run computes what the single-device run computes (up to summation order, which Adam's
     normalised steps amplify a little over 30 steps)."""
     baseline_config, baseline = runs["prompt-completion"]
-    config = elsewhere(baseline_config, tmp_path)
+    config = elsewhere(baseline_config, tmp_path, peak_tflops_per_device=0.05)  # an MFU figure on CPUs
     ended = run_cli(config, tmp_path, "sharded", devices=4)
     assert ended.code == EXIT_OK, ended.stderr
+    assert all(p.mfu and p.mfu == pytest.approx(p.tokens_per_second * ended.progress[-1].mfu
+                                                / ended.progress[-1].tokens_per_second) for p in ended.progress[1:])
     assert "mesh fsdp=1 x tp=4 over 4 cpu device(s)" in ended.stderr
     assert "replicated (does not divide the mesh): layers/0/attn/kv_einsum/w axis 1 (2 over tp)" in ended.stderr
     specs = saved_partition_specs(Path(config.checkpoint_dir) / str(STEPS) / "model_params")
@@ -322,6 +369,20 @@ def assert_error(text: str, pattern: str) -> None:
     import re
 
     assert re.search(pattern, text), f"{pattern!r} not in {text!r}"
+
+
+def test_a_broken_checkpoint_is_an_application_error(bad_input_dir, tiny_sharded, tmp_path, capsys):
+    _, config = bad_input_dir
+    broken = tmp_path / "model"
+    shutil.copytree(tiny_sharded.path, broken)
+    shard = broken / "model-00002-of-00003.safetensors"
+    shard.write_bytes(shard.read_bytes()[:100])
+    path = tmp_path / "config.json"
+    path.write_text(elsewhere(config, tmp_path, model_path=str(broken)).dumps())
+    assert train.main(["--config", str(path)]) == EXIT_FAILED
+    result = TrainResult.model_validate_json((tmp_path / "termination-log").read_text())
+    assert result.status == "failed" and result.error.startswith(f"RuntimeError: cannot load the safetensors of {broken}")
+    assert result.error in capsys.readouterr().err
 
 
 def test_the_cli_exits_2_for_a_missing_config(tmp_path):

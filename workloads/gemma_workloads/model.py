@@ -110,15 +110,18 @@ def load_model(
                 log.info("replicated (does not divide the mesh): %s", axis)
         return model
 
-    model = safetensors_loader.load_and_create_model(
-        file_dir=path,
-        model_class=build,
-        config=config,
-        key_mapping=_key_mapping,
-        mesh=mesh,
-        preprocess_fn=params_safetensors._make_preprocess_fn(config),  # noqa: SLF001
-        dtype=DTYPES[dtype],
-    )
+    try:
+        model = safetensors_loader.load_and_create_model(
+            file_dir=path,
+            model_class=build,
+            config=config,
+            key_mapping=_key_mapping,
+            mesh=mesh,
+            preprocess_fn=params_safetensors._make_preprocess_fn(config),  # noqa: SLF001
+            dtype=DTYPES[dtype],
+        )
+    except Exception as e:  # the loader's own errors do not say which checkpoint
+        raise RuntimeError(f"cannot load the safetensors of {path}: {type(e).__name__}: {e}") from e
     return model, config
 
 

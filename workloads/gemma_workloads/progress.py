@@ -1,8 +1,10 @@
 """Live progress for the operator: `Progress` lines on stdout and `progress.json` in the output.
 
-A Tunix training hook: the trainer reports each optimizer step's mean loss once the step has
-finished (one step late, so it never waits on the device), which makes the wall time between two
-reports the time of one step. The first step includes compilation and is left out of throughput.
+A Tunix training hook. The trainer reports a step's loss one step late, when the next step has
+been dispatched (TPUs) or already run (CPUs run it synchronously), so the hook's own call times do
+not say which steps are done. At each report it therefore waits for every dispatched step and
+counts the tokens of the steps finished since the previous report. What runs before the first
+report (compilation) is left out of throughput; the last report gives the run's average.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from __future__ import annotations
 import sys
 import time
 
+import jax
 from etils import epath
+from flax import nnx
 from tunix.sft import hooks
 
 from gemma_workloads.config import Progress, join
@@ -29,29 +33,33 @@ class ProgressReporter(hooks.TrainingHooks):
         self.history: list[Progress] = []
         self.loss: float | None = None
         self.eval_loss: float | None = None
-        self._start: tuple[float, int] | None = None  # (time, tokens) when the clock started
+        self._tokens = 0  # tokens of finished steps
+        self._now = 0.0  # time of the last report
+        self._start: tuple[float, int] | None = None  # (time, tokens) at the first report
         self._window: tuple[float, int] | None = None  # the same at the last report
-        self._tokens = 0
 
     def tokens_per_second(self, since: tuple[float, int] | None = None) -> float | None:
         since = since or self._start
         if since is None or self._tokens == since[1]:
             return None
-        return (self._tokens - since[1]) / (time.perf_counter() - since[0])
+        return (self._tokens - since[1]) / (self._now - since[0])
 
     def on_train_step_end(self, train_ctx, train_step: int, train_loss: float) -> None:
-        now = time.perf_counter()
         self.loss = float(train_loss)
+        last = train_step >= self.total_steps
+        if self._start is not None and train_step % self.log_every and not last:
+            return
+        jax.block_until_ready(nnx.state(train_ctx.model, nnx.LoRAParam))  # every dispatched step is done
+        self._now = time.perf_counter()
+        done = [s for s in self.tokens_in_step if s <= train_ctx.train_steps]
+        self._tokens += sum(self.tokens_in_step.pop(s) for s in done)
         if self._start is None:
-            self._start = self._window = (now, 0)
-        else:
-            self._tokens += self.tokens_in_step.pop(train_step, 0)
-        if train_step % self.log_every == 0 or train_step >= self.total_steps:
-            self.report(train_step)
+            self._start = self._window = (self._now, self._tokens)
+        rate = self.tokens_per_second(None if last else self._window)
+        self._window = (self._now, self._tokens)
+        self.report(train_step, rate)
 
-    def report(self, step: int) -> None:
-        rate = self.tokens_per_second(self._window)
-        self._window = (time.perf_counter(), self._tokens)
+    def report(self, step: int, rate: float | None) -> None:
         progress = Progress(step=step, total_steps=self.total_steps, loss=self.loss, tokens_per_second=rate,
                             mfu=mfu(rate, self.flops_per_token, self.devices, self.peak) if rate else None,
                             eval_loss=self.eval_loss)
