@@ -320,6 +320,8 @@ def plan_finetune(
         mesh=mesh,
         output_dir=rdir,
         num_hosts=place.hosts,
+        # The trainer decides whether a final checkpoint fits in the pod's grace period.
+        termination_grace_seconds=settings.termination_grace_seconds,
         peak_tflops_per_device=(
             tpu.GENERATIONS[place.accelerator].peak_bf16_tflops if place.slice else None
         ),

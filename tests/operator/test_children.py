@@ -144,3 +144,10 @@ def test_tpu_training_stages_models_in_host_memory():
     assert {"name": "TMPDIR", "value": "/dev/shm"} in c["env"]
     [c] = pod_spec(training.workload(ft_plan(finetune("ft").cpu_tiny()), SETTINGS, OWNER))["containers"]
     assert "TMPDIR" not in str(c["env"])
+
+
+def test_the_trainer_knows_the_pods_grace_period():
+    p = ft_plan(finetune("ft").tpu("v5p"))
+    cfg = TrainConfig.model_validate_json(training.config_map(p, OWNER)["data"]["train.json"])
+    spec = pod_spec(training.workload(p, SETTINGS, OWNER))
+    assert cfg.termination_grace_seconds == spec["terminationGracePeriodSeconds"] == SETTINGS.termination_grace_seconds
