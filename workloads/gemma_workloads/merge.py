@@ -47,7 +47,14 @@ from gemma_workloads.safetensors_io import (
     header_bytes,
     open_checkpoint,
 )
-from gemma_workloads.shard_pipeline import Block, Pipeline, copy_blocks, merge_blocks, write_shard_file
+from gemma_workloads.shard_pipeline import (
+    Block,
+    Pipeline,
+    copy_blocks,
+    merge_blocks,
+    write_shard_file,
+)
+from gemma_workloads.sources import ModelSourceError, resolve_model
 
 MANIFEST = merge_output.MANIFEST
 _HEADER_METADATA = {"format": "pt"}  # transformers refuses safetensors without it
@@ -61,6 +68,7 @@ class MergeError(ValueError):
 
 INPUT_ERRORS = (
     MergeError,
+    ModelSourceError,
     CheckpointError,
     merge_output.OutputError,
     lora_mapping.LoraMappingError,
@@ -182,6 +190,7 @@ def write_shard(staging: Path, shard: OutShard, pipeline: Pipeline) -> dict:
 def merge(config: MergeConfig) -> MergeResult:
     """Merge as configured; the result is what the termination message carries."""
     started = time.monotonic()
+    config = config.model_copy(update={"base_model_path": resolve_model(config.base_model_path)})
     output = Path(config.output_dir).absolute()
     staging = merge_output.staging_dir(output)
     _check_paths(config, output)

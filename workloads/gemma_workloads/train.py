@@ -27,7 +27,14 @@ from tunix.sft import peft_trainer
 from gemma_workloads import batches as batching
 from gemma_workloads import checkpoints, lora, mesh, metrics
 from gemma_workloads.config import (
-    EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_OK, EXIT_PREEMPTED, TERMINATION_LOG, Progress, TrainConfig, TrainResult,
+    EXIT_FAILED,
+    EXIT_INVALID_INPUT,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    TERMINATION_LOG,
+    Progress,
+    TrainConfig,
+    TrainResult,
     write_termination_message,
 )
 from gemma_workloads.data import DataError, TextCodec, read_examples
@@ -35,6 +42,7 @@ from gemma_workloads.feed import DataFeed
 from gemma_workloads.model import load_model, read_hf_config, set_remat
 from gemma_workloads.preemption import Preempted, Preemption
 from gemma_workloads.progress import ProgressReporter
+from gemma_workloads.sources import ModelSourceError, resolve_model
 
 log = logging.getLogger("gemma_workloads.train")
 
@@ -43,7 +51,7 @@ class ConfigError(ValueError):
     """The config is valid on its own but not for this data or checkpoint directory."""
 
 
-BAD_INPUT = (ConfigError, DataError, checkpoints.CheckpointMismatch, pydantic.ValidationError)
+BAD_INPUT = (ConfigError, DataError, checkpoints.CheckpointMismatch, ModelSourceError, pydantic.ValidationError)
 
 
 @dataclass
@@ -215,6 +223,7 @@ def fit(trainer: Trainer, data: Data, config: TrainConfig, model_config: gemma4.
 
 def run(config: TrainConfig) -> Outcome:
     """Train (or resume) to the end, or until preempted."""
+    config = config.model_copy(update={"model_path": resolve_model(config.model_path)})
     with Preemption(config.termination_grace_seconds, multi_host=config.num_hosts > 1) as preemption:
         mesh.initialize_distributed(config.num_hosts)
         try:

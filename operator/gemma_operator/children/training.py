@@ -59,7 +59,7 @@ def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name
     store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
     # A gs:// or hf:// model is staged to local files first: on a TPU host, into its memory
     # (/dev/shm) rather than onto the ~100 GB boot disk (the seed paper's setting).
-    staging = {"TMPDIR": "/dev/shm"} if plan.placement.slice is not None else {}
+    staging = {"TMPDIR": "/dev/shm", "HF_HOME": "/dev/shm/huggingface"} if plan.placement.slice is not None else {}
     env = common.env_list({**staging, **settings.training_env})
     if plan.spec.model.hf_token_secret_ref:
         env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
