@@ -1,16 +1,18 @@
 """A real vLLM server, started with the command line the operator renders for the cpu profile,
-serves a tiny Gemma 4 exactly as transformers runs it, behind the API key from its Secret."""
+serves a merged tiny Gemma 4 exactly as transformers runs it, behind the API key from its Secret."""
 
 import secrets
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from gemma_operator.devcluster import local_vllm
 from gemma_operator.api import SecretKeyRef
 from gemma_operator.children.vllm import VllmLaunch
-from gemma_workloads import tiny
+from gemma_workloads import merge, tiny
+from gemma_workloads.config import MergeConfig
 
 pytestmark = pytest.mark.slow
 
@@ -28,10 +30,18 @@ ENDPOINTS = {
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    # float32, so that both runtimes agree to ~1e-5. Random models tend to repeat one token;
-    # with seed 3 both greedy continuations vary (the chat one ends on <turn|>) and every top-2
-    # logit margin is above 5e-3, far above that noise.
-    return tiny.write_checkpoint(tmp_path_factory.mktemp("tiny-gemma"), dtype="float32", seed=3)
+    """What the pipeline serves: a tiny base merged with a LoRA checkpoint by the merge workload.
+
+    float32, so that both runtimes agree to ~1e-5. Random models tend to repeat one token; with
+    these seeds the greedy continuations vary and the top-2 logit margins stay far above that noise.
+    """
+    root = tmp_path_factory.mktemp("tiny-gemma")
+    base = tiny.write_checkpoint(root / "base", dtype="float32", seed=3)
+    tiny.write_lora_checkpoint(root / "checkpoints", base.config, rank=4, alpha=8.0, seed=7)
+    result = merge.merge(MergeConfig(base_model_path=str(base.path), checkpoint_dir=str(root / "checkpoints"),
+                                     output_dir=str(root / "merged"), dtype="float32", termination_log=str(root / "result")))  # fmt: skip
+    assert result.status == "succeeded" and result.tensors_merged > 0
+    return SimpleNamespace(path=root / "merged", base=base.path)
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +74,19 @@ def reference(checkpoint):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint.path)
-    model = AutoModelForCausalLM.from_pretrained(checkpoint.path, dtype=torch.float32).eval()
     chat_ids = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=True)["input_ids"]
     result = {}
-    for name, prompt_ids in (("completion", tokenizer(PROMPT)["input_ids"]), ("chat", list(chat_ids))):
-        with torch.no_grad():
-            out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=MAX_TOKENS, do_sample=False)
-        result[name] = (prompt_ids, out[0, len(prompt_ids):].tolist())
+    for label, path in (("", checkpoint.path), ("base-", checkpoint.base)):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        for name, prompt_ids in (("completion", tokenizer(PROMPT)["input_ids"]), ("chat", list(chat_ids))):
+            with torch.no_grad():
+                out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=MAX_TOKENS, do_sample=False)
+            result[label + name] = (prompt_ids, out[0, len(prompt_ids):].tolist())
     return result
+
+
+def test_the_merge_changed_what_is_served(reference):
+    assert any(reference[e][1] != reference["base-" + e][1] for e in ENDPOINTS), "the adapter must change the output"
 
 
 def post(server, path, body, api_key=API_KEY):
