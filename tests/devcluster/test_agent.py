@@ -177,6 +177,8 @@ def test_failure_policy_table():
 def test_mount_translation_and_missing_volumes(tmp_path):
     m = Mounts({"/data": Path("/L/d"), "/dev/termination-log": Path("/L/t")})
     assert m.translate('{"a": "/data/x", "b": "/database", "c": "/x/data"} --model=/data') == '{"a": "/L/d/x", "b": "/database", "c": "/x/data"} --model=/L/d'
+    nested = Mounts({"/data": Path("/tmp/x/data"), "/tmp": Path("/L/tmp")})
+    assert nested.translate("--model=/data/m /tmp/f") == "--model=/tmp/x/data/m /L/tmp/f", "one pass: no double rewrite"
     pod = {"spec": {"volumes": [{"name": "v", "csi": {"driver": "gcsfuse.csi.storage.gke.io"}},
                                 {"name": "p", "persistentVolumeClaim": {"claimName": "other"}}]}}  # fmt: skip
     with pytest.raises(VolumeError, match="csi volumes are not available on the local node"):

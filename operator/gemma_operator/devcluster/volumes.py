@@ -29,12 +29,13 @@ class Mounts:
     paths: dict[str, Path] = field(default_factory=dict)
 
     def translate(self, text: str) -> str:
-        for mount in sorted(self.paths, key=len, reverse=True):
-            local = str(self.paths[mount])
-            # Whole path components only: /data matches /data and /data/x, not /database or /x/data.
-            pattern = rf"(?<![\w./-]){re.escape(mount)}(?=/|$|[^\w.-])"
-            text = re.sub(pattern, lambda _: local, text)
-        return text
+        """Replace every mount path in one pass (a local path may itself contain a mount path)."""
+        if not self.paths:
+            return text
+        # Whole path components only: /data matches /data and /data/x, not /database or /x/data.
+        alternatives = "|".join(re.escape(m) for m in sorted(self.paths, key=len, reverse=True))
+        pattern = rf"(?<![\w./-])({alternatives})(?=/|$|[^\w.-])"
+        return re.sub(pattern, lambda m: str(self.paths[m.group(1)]), text)
 
     def translate_all(self, items: list[str]) -> list[str]:
         return [self.translate(x) for x in items]

@@ -1,0 +1,41 @@
+"""The local pipeline's wall time: apply -> served answer, per phase, as `make demo` runs it.
+
+    python benchmarks/demo_pipeline.py [--vllm-python .venv-vllm/bin/python]
+
+Runs `gemma-tpu dev` in a fresh folder (so nothing is reused from an earlier run) and prints the
+time each resource spent in each phase, and the total from apply to the first served answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import tempfile
+from pathlib import Path
+
+from gemma_operator.devcluster import dev
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    opts = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        args = argparse.Namespace(workdir=tmp, examples=str(ROOT / "examples" / "quickstart"), vllm_python=opts.vllm_python,
+                                  port=0, timeout=900, keep_running=False)  # fmt: skip
+        with contextlib.redirect_stdout(io.StringIO()):
+            out = asyncio.run(dev.run(args, asyncio.Event()))
+    print(f"{'resource':<34} {'phase':<16} {'seconds':>8}")
+    for name, phase, seconds in out.phases:
+        if phase != "-":
+            print(f"{name:<34} {phase:<16} {seconds:8.1f}")
+    print(f"{'apply -> served answer':<51} {out.total_seconds:8.1f}")
+    print(f"answer: {out.answer!r}")
+
+
+if __name__ == "__main__":
+    main()
