@@ -29,7 +29,7 @@ def describe(obj: dict[str, Any]) -> str:
 
 @dataclass
 class Table:
-    out: TextIO = sys.stdout
+    out: TextIO = field(default_factory=lambda: sys.stdout)
     started: float = field(default_factory=time.monotonic)
     last: dict[str, tuple] = field(default_factory=dict)
     phases: dict[str, dict[str, float]] = field(default_factory=dict)  # name -> phase -> first seen (s)
