@@ -6,7 +6,7 @@ import kubernetes
 import pytest
 from kubernetes.client.rest import ApiException
 
-from gemma_operator.devcluster.apiserver import label_selector_matches, merge_patch
+from gemma_operator.devcluster.semantics import label_selector_matches, merge_patch
 from tests.support.builders import finetune
 
 

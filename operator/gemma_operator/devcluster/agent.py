@@ -16,7 +16,14 @@ import secrets
 import time
 from typing import Any
 
-from gemma_operator.devcluster.kubelet import LocalPod, Node, PodStartError, log_text, unschedulable, waiting_status
+from gemma_operator.devcluster.kubelet import (
+    LocalPod,
+    Node,
+    PodStartError,
+    log_text,
+    unschedulable,
+    waiting_status,
+)
 from gemma_operator.kube import ApiError, Kube
 from gemma_operator.status import now, parse_time, timestamp
 

@@ -17,7 +17,6 @@ import asyncio
 import collections
 import copy
 import datetime
-import re
 import secrets
 import uuid
 from collections.abc import AsyncIterator
@@ -25,10 +24,16 @@ from typing import Any, NamedTuple
 
 import attrs
 import jsonpatch
-import jsonschema
 import kmock
 
 from gemma_operator import crd
+from gemma_operator.devcluster.semantics import (
+    Kind,
+    error,
+    field_selector_matches,
+    label_selector_matches,
+    merge_patch,
+)
 
 HISTORY = 50_000  # watch events kept for resuming
 
@@ -43,173 +48,8 @@ class Call(NamedTuple):
     name: str | None
 
 
-class ApiError(kmock.KubernetesError):
-    pass
-
-
-def _error(status: int, reason: str, message: str) -> ApiError:
-    return ApiError(status=status, reason=reason, message=message)
-
-
 def now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch: null removes a key, objects merge, anything else replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
-
-
-# ---------------------------------------------------------------------------- selectors
-
-_SET_EXPR = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
-
-
-def _split_selector(text: str) -> list[str]:
-    parts, depth, current = [], 0, ""
-    for ch in text:
-        depth += ch == "("
-        depth -= ch == ")"
-        if ch == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += ch
-    return [p for p in (*parts, current) if p.strip()]
-
-
-def label_selector_matches(selector: str | None, labels: dict[str, str]) -> bool:
-    """Kubernetes label selector syntax: a=b, a==b, a!=b, a in (x,y), a notin (x), a, !a."""
-    for term in _split_selector(selector or ""):
-        if m := _SET_EXPR.match(term):
-            key, op, values = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",")}
-            if (labels.get(key) in values) != (op == "in") or (op == "in" and key not in labels):
-                return False
-        elif "!=" in term:
-            key, value = (s.strip() for s in term.split("!=", 1))
-            if labels.get(key) == value:
-                return False
-        elif "=" in term:
-            key, value = (s.strip() for s in term.replace("==", "=").split("=", 1))
-            if labels.get(key) != value:
-                return False
-        elif term.strip().startswith("!"):
-            if term.strip()[1:] in labels:
-                return False
-        elif term.strip() not in labels:
-            return False
-    return True
-
-
-def field_selector_matches(selector: str | None, obj: dict[str, Any]) -> bool:
-    for term in _split_selector(selector or ""):
-        negate = "!=" in term
-        path, value = (s.strip() for s in term.replace("!=", "=").replace("==", "=").split("=", 1))
-        node: Any = obj
-        for part in path.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if (str(node) == value if node is not None else value == "") == negate:
-            return False
-    return True
-
-
-# ---------------------------------------------------------------------------- schemas
-
-
-def _apply_defaults(schema: dict, value: Any) -> Any:
-    if not isinstance(value, dict) or schema.get("type") != "object":
-        if isinstance(value, list) and "items" in schema:
-            return [_apply_defaults(schema["items"], v) for v in value]
-        return value
-    out = dict(value)
-    for name, prop in schema.get("properties", {}).items():
-        if name not in out and "default" in prop:
-            out[name] = copy.deepcopy(prop["default"])
-        if name in out:
-            out[name] = _apply_defaults(prop, out[name])
-    return out
-
-
-def _prune(schema: dict, value: Any) -> Any:
-    """Drop fields the schema does not know, as a structural schema makes the API server do."""
-    if isinstance(value, dict) and "properties" in schema:
-        if schema.get("x-kubernetes-preserve-unknown-fields"):
-            return value
-        return {k: _prune(schema["properties"][k], v) for k, v in value.items() if k in schema["properties"]}
-    if isinstance(value, list) and "items" in schema:
-        return [_prune(schema["items"], v) for v in value]
-    return value
-
-
-def _as_jsonschema(schema: dict) -> dict:
-    out = copy.deepcopy(schema)
-
-    def walk(node: dict) -> None:
-        for key, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
-            if node.get(key) is True:
-                node[key] = node.pop(bound)
-        for child in node.get("properties", {}).values():
-            walk(child)
-        if isinstance(node.get("items"), dict):
-            walk(node["items"])
-
-    walk(out)
-    return out
-
-
-def _json_path(obj: Any, path: str) -> Any:
-    """The simple `.a.b.c` JSONPath of printer columns."""
-    for part in path.strip(".").split("."):
-        obj = obj.get(part) if isinstance(obj, dict) else None
-    return obj
-
-
-@attrs.define
-class Kind:
-    """What the store needs to know of a resource."""
-
-    resource: kmock.resource
-    kind: str
-    namespaced: bool
-    subresources: set[str]
-    schema: dict | None = None  # openAPIV3Schema of a custom resource
-
-    columns: list[dict] = attrs.field(factory=list)  # additionalPrinterColumns of a CRD
-
-    def table(self, items: list[dict[str, Any]], resource_version: str) -> dict[str, Any]:
-        """The server-side printing `kubectl get` asks for (Accept: ...;as=Table)."""
-        columns = [{"name": "Name", "type": "string", "jsonPath": ".metadata.name"}]
-        columns += self.columns or [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
-        return {
-            "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": resource_version},
-            "columnDefinitions": [{"name": c["name"], "type": c["type"], "format": "", "description": "",
-                                   "priority": c.get("priority", 0)} for c in columns],
-            "rows": [{"cells": [_json_path(item, c["jsonPath"]) for c in columns],
-                      "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": item["metadata"]}}
-                     for item in items],
-        }  # fmt: skip
-
-    def admit(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Defaulting, pruning and validation, in the API server's order."""
-        if self.schema is None:
-            return obj
-        meta = obj.get("metadata")
-        body = _prune(self.schema, _apply_defaults(self.schema, obj))
-        body["metadata"] = meta
-        errors = sorted(jsonschema.Draft7Validator(_as_jsonschema(self.schema)).iter_errors(body), key=str)
-        if errors:
-            e = errors[0]
-            where = ".".join(str(p) for p in e.absolute_path)
-            raise _error(422, "Invalid", f"{self.kind}.{crd.api.GROUP} {meta.get('name')!r} is invalid: {where}: {e.message}")
-        return body
 
 
 # ---------------------------------------------------------------------------- the server
@@ -346,7 +186,7 @@ class ApiServer(kmock.KubernetesScaffold):
     def _get(self, request: kmock.Request) -> dict[str, Any]:
         obj = self.objects.get((request.resource, request.namespace, request.name))
         if obj is None:
-            raise _error(404, "NotFound", f'{request.resource.plural} "{request.name}" not found')
+            raise error(404, "NotFound", f'{request.resource.plural} "{request.name}" not found')
         return obj
 
     # ------------------------------------------------------------------ verbs
@@ -422,13 +262,13 @@ class ApiServer(kmock.KubernetesScaffold):
         self._record("create", request)
         obj = copy.deepcopy(request.data)
         if not isinstance(obj, dict):
-            raise _error(400, "BadRequest", "the body must be a JSON object")
+            raise error(400, "BadRequest", "the body must be a JSON object")
         meta = obj.setdefault("metadata", {})
         if kind.namespaced:
             meta["namespace"] = request.namespace or meta.get("namespace") or "default"
         if not meta.get("name"):
             if not meta.get("generateName"):
-                raise _error(422, "Invalid", "metadata.name or metadata.generateName is required")
+                raise error(422, "Invalid", "metadata.name or metadata.generateName is required")
             meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
         if "status" in kind.subresources:
             obj.pop("status", None)
@@ -436,7 +276,7 @@ class ApiServer(kmock.KubernetesScaffold):
         async with self._lock:
             key = (kind.resource, meta.get("namespace"), meta["name"])
             if key in self.objects:
-                raise _error(409, "AlreadyExists", f'{kind.resource.plural} "{meta["name"]}" already exists')
+                raise error(409, "AlreadyExists", f'{kind.resource.plural} "{meta["name"]}" already exists')
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1, resourceVersion=self._next_rv())
             obj["metadata"] = meta
             self.objects[key] = obj
@@ -447,7 +287,7 @@ class ApiServer(kmock.KubernetesScaffold):
         kind = self._kind(request.resource)
         sub = request.subresource
         if sub not in (None, "status") or (sub == "status" and "status" not in kind.subresources):
-            raise _error(404, "NotFound", f"no subresource {sub!r} for {kind.resource.plural}")
+            raise error(404, "NotFound", f"no subresource {sub!r} for {kind.resource.plural}")
         self._record("patch", request)
         ctype = (request.headers.get("Content-Type") or "").split(";")[0]
         async with self._lock:
@@ -459,14 +299,14 @@ class ApiServer(kmock.KubernetesScaffold):
                     # Strategic merge is approximated as a merge patch: lists are replaced, not merged.
                     new = merge_patch(old, request.data)
                 else:
-                    raise _error(415, "UnsupportedMediaType", f"patch type {ctype} is not supported")
+                    raise error(415, "UnsupportedMediaType", f"patch type {ctype} is not supported")
             except jsonpatch.JsonPatchTestFailed as e:
-                raise _error(422, "Invalid", f"the patch test failed: {e}") from None
+                raise error(422, "Invalid", f"the patch test failed: {e}") from None
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
-                raise _error(422, "Invalid", str(e)) from None
+                raise error(422, "Invalid", str(e)) from None
             wanted_rv = ((request.data or {}).get("metadata") or {}).get("resourceVersion") if isinstance(request.data, dict) else None
             if wanted_rv and wanted_rv != old["metadata"]["resourceVersion"]:
-                raise _error(409, "Conflict", f"the object has been modified (resourceVersion {wanted_rv} is stale)")
+                raise error(409, "Conflict", f"the object has been modified (resourceVersion {wanted_rv} is stale)")
             if "status" in kind.subresources:  # status and the rest change through separate endpoints
                 if sub == "status":
                     new = {**copy.deepcopy(old), "status": new.get("status")}

@@ -1,0 +1,179 @@
+"""Kubernetes API semantics the in-process server implements: merge patches, label and field
+selectors, and a CRD's defaulting, pruning and validation of custom resources."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import attrs
+import jsonschema
+import kmock
+
+from gemma_operator import api
+
+
+class ApiError(kmock.KubernetesError):
+    pass
+
+
+def error(status: int, reason: str, message: str) -> ApiError:
+    return ApiError(status=status, reason=reason, message=message)
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: null removes a key, objects merge, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+# ---------------------------------------------------------------------------- selectors
+
+_SET_EXPR = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+
+
+def _split_selector(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    return [p for p in (*parts, current) if p.strip()]
+
+
+def label_selector_matches(selector: str | None, labels: dict[str, str]) -> bool:
+    """Kubernetes label selector syntax: a=b, a==b, a!=b, a in (x,y), a notin (x), a, !a."""
+    for term in _split_selector(selector or ""):
+        if m := _SET_EXPR.match(term):
+            key, op, values = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",")}
+            if (labels.get(key) in values) != (op == "in") or (op == "in" and key not in labels):
+                return False
+        elif "!=" in term:
+            key, value = (s.strip() for s in term.split("!=", 1))
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = (s.strip() for s in term.replace("==", "=").split("=", 1))
+            if labels.get(key) != value:
+                return False
+        elif term.strip().startswith("!"):
+            if term.strip()[1:] in labels:
+                return False
+        elif term.strip() not in labels:
+            return False
+    return True
+
+
+def field_selector_matches(selector: str | None, obj: dict[str, Any]) -> bool:
+    for term in _split_selector(selector or ""):
+        negate = "!=" in term
+        path, value = (s.strip() for s in term.replace("!=", "=").replace("==", "=").split("=", 1))
+        node: Any = obj
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if (str(node) == value if node is not None else value == "") == negate:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------- schemas
+
+
+def _apply_defaults(schema: dict, value: Any) -> Any:
+    if not isinstance(value, dict) or schema.get("type") != "object":
+        if isinstance(value, list) and "items" in schema:
+            return [_apply_defaults(schema["items"], v) for v in value]
+        return value
+    out = dict(value)
+    for name, prop in schema.get("properties", {}).items():
+        if name not in out and "default" in prop:
+            out[name] = copy.deepcopy(prop["default"])
+        if name in out:
+            out[name] = _apply_defaults(prop, out[name])
+    return out
+
+
+def _prune(schema: dict, value: Any) -> Any:
+    """Drop fields the schema does not know, as a structural schema makes the API server do."""
+    if isinstance(value, dict) and "properties" in schema:
+        if schema.get("x-kubernetes-preserve-unknown-fields"):
+            return value
+        return {k: _prune(schema["properties"][k], v) for k, v in value.items() if k in schema["properties"]}
+    if isinstance(value, list) and "items" in schema:
+        return [_prune(schema["items"], v) for v in value]
+    return value
+
+
+def _as_jsonschema(schema: dict) -> dict:
+    out = copy.deepcopy(schema)
+
+    def walk(node: dict) -> None:
+        for key, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+            if node.get(key) is True:
+                node[key] = node.pop(bound)
+        for child in node.get("properties", {}).values():
+            walk(child)
+        if isinstance(node.get("items"), dict):
+            walk(node["items"])
+
+    walk(out)
+    return out
+
+
+def _json_path(obj: Any, path: str) -> Any:
+    """The simple `.a.b.c` JSONPath of printer columns."""
+    for part in path.strip(".").split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
+@attrs.define
+class Kind:
+    """What the store needs to know of a resource."""
+
+    resource: kmock.resource
+    kind: str
+    namespaced: bool
+    subresources: set[str]
+    schema: dict | None = None  # openAPIV3Schema of a custom resource
+
+    columns: list[dict] = attrs.field(factory=list)  # additionalPrinterColumns of a CRD
+
+    def table(self, items: list[dict[str, Any]], resource_version: str) -> dict[str, Any]:
+        """The server-side printing `kubectl get` asks for (Accept: ...;as=Table)."""
+        columns = [{"name": "Name", "type": "string", "jsonPath": ".metadata.name"}]
+        columns += self.columns or [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
+        return {
+            "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": resource_version},
+            "columnDefinitions": [{"name": c["name"], "type": c["type"], "format": "", "description": "",
+                                   "priority": c.get("priority", 0)} for c in columns],
+            "rows": [{"cells": [_json_path(item, c["jsonPath"]) for c in columns],
+                      "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": item["metadata"]}}
+                     for item in items],
+        }  # fmt: skip
+
+    def admit(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Defaulting, pruning and validation, in the API server's order."""
+        if self.schema is None:
+            return obj
+        meta = obj.get("metadata")
+        body = _prune(self.schema, _apply_defaults(self.schema, obj))
+        body["metadata"] = meta
+        errors = sorted(jsonschema.Draft7Validator(_as_jsonschema(self.schema)).iter_errors(body), key=str)
+        if errors:
+            e = errors[0]
+            where = ".".join(str(p) for p in e.absolute_path)
+            raise error(422, "Invalid", f"{self.kind}.{api.GROUP} {meta.get('name')!r} is invalid: {where}: {e.message}")
+        return body
