@@ -22,6 +22,7 @@ from gemma_operator.lifecycle import Decision, decide_with, set_cond
 from gemma_operator.status import condition, parse_time, timestamp
 from gemma_workloads.config import MergeResult, Progress, TrainResult
 
+ACCOUNT_EVERY = 60  # seconds between chip-hour updates of a running workload
 RUN_FIELDS = ("progress", "outputs", "startTime", "completionTime", "chipHours", "estimatedCost",
               "restarts", "preemptions", "children", "accountedAt")  # fmt: skip
 RUN_CONDITIONS = ("TrainingComplete", "Merged", "Complete", "Failed", "Suspended")
@@ -191,21 +192,37 @@ def _budget(wl: dict) -> int:
 
 
 def _account(v: FineTuneView, st: dict, outcome: failure_policy.Outcome) -> None:
-    """Chip-hours: the slice's chips for as long as the workload is seen running."""
+    """Chip-hours: the slice's chips for as long as the workload is seen running.
+
+    Whole seconds are accounted up to `accountedAt` (itself whole seconds), so repeated reconciles
+    neither lose nor double-count the fractions; while running, the total is brought up to date at
+    most every ACCOUNT_EVERY seconds so that accounting alone does not keep rewriting the status.
+    """
     chips = v.plan.placement.chips
     last = parse_time(st.get("accountedAt"))
-    if outcome.state == "Running" or (outcome.state in ("Succeeded", "Failed") and last):
-        end = v.now if outcome.state == "Running" else (parse_time((v.training or {}).get("status", {}).get("completionTime")) or v.now)
-        if last and end > last:
-            st["chipHours"] = round(float(st.get("chipHours") or 0) + chips * (end - last).total_seconds() / 3600, 4)
-        st["accountedAt"] = timestamp(v.now) if outcome.state == "Running" else None
-        if st["accountedAt"] is None:
-            st.pop("accountedAt")
+    running = outcome.state == "Running"
+    if running or (outcome.state in ("Succeeded", "Failed") and last):
+        finished = _finished_at(v.training)
+        end = v.now.replace(microsecond=0) if running else (finished or v.now.replace(microsecond=0))
+        if last is None or not running or (end - last).total_seconds() >= ACCOUNT_EVERY:
+            if last and end > last:
+                st["chipHours"] = round(float(st.get("chipHours") or 0) + chips * (end - last).total_seconds() / 3600, 6)
+            st["accountedAt"] = timestamp(end)
+        if not running:
+            st.pop("accountedAt", None)
     else:
         st.pop("accountedAt", None)
     if chips:
         st.setdefault("chipHours", 0.0)
         st["estimatedCost"] = round(st["chipHours"] * v.plan.price_per_chip_hour, 2)
+
+
+def _finished_at(workload: dict | None) -> datetime.datetime | None:
+    """When a Job or JobSet ended: its completionTime, else when its terminal condition was set."""
+    wst = (workload or {}).get("status") or {}
+    ended = [c for c in wst.get("conditions") or [] if c.get("type") in ("Complete", "Completed", "Failed")
+             and c.get("status") == "True"]  # fmt: skip
+    return parse_time(wst.get("completionTime") or (ended[0].get("lastTransitionTime") if ended else None))
 
 
 def _succeed(v: FineTuneView, st: dict, message: str) -> None:
