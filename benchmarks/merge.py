@@ -8,9 +8,10 @@ process and with the files evicted from the page cache first:
 - merge: `python -m gemma_workloads.merge` (streaming),
 - in-memory: the whole base loaded into RAM, merged and saved, as tunix's generic saver does.
 It prints seconds, GB/s, CPU seconds and peak RSS (VmHWM) of each and the ratios to the copy,
-then deletes everything it wrote.
+then deletes everything it wrote. A shared disk's speed varies from minute to minute: with
+`--repeat N` the copy and the merge run N times, alternating, and the medians are compared.
 
-    python benchmarks/merge.py [--layers 2 6] [--vocab 65536] [--workers 2] [--dir DIR]
+    python benchmarks/merge.py [--layers 2 6] [--vocab 65536] [--workers 2] [--repeat 3] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=65536, help="262144 in the real model; reduced to save disk")
     parser.add_argument("--dir", default=None, help="scratch folder (default: a new temporary folder)")
     parser.add_argument("--workers", type=int, default=2, help="the merge's worker threads")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of the copy and the merge (medians compared)")
     parser.add_argument("--run", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
@@ -184,18 +186,28 @@ def main() -> None:
             tiny.write_lora_checkpoint(ckpt, config, rank=RANK, alpha=ALPHA)
             lora_bytes = 4 * sum(math.prod(s) for m in tiny.lora_shapes(config, RANK).values() for s in m.values())
             print(f"{layers} layers: LoRA state {lora_bytes / 2**30:.2f} GiB (float32)", flush=True)
-            for kind in RUNS:
+            runs: dict[str, list[dict]] = {kind: [] for kind in RUNS}
+            for kind in ["copy", "merge"] * args.repeat + ["in-memory"]:
                 out = scratch / f"out-{layers}-{kind}"
                 evict(base, ckpt)
                 result = measure(kind, base, out) if kind == "copy" else measure(kind, base, ckpt, out)
-                rows.append({"layers": layers, "bytes": size, "kind": kind, **result})
+                runs[kind].append(result)
                 shutil.rmtree(out)
+                if args.repeat > 1 and kind != "in-memory":
+                    print(f"  {kind:9s} run {len(runs[kind])}: {result['seconds']:6.1f} s", flush=True)
+            for kind, results in runs.items():
+                rows.append({"layers": layers, "bytes": size, "kind": kind, **_median(results)})
                 print(_row(rows[-1], rows), flush=True)
             shutil.rmtree(base)
             shutil.rmtree(ckpt)
         print(json.dumps(rows))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _median(results: list[dict]) -> dict:
+    """The run with the median wall time (all of its figures), so that they belong together."""
+    return sorted(results, key=lambda r: r["seconds"])[len(results) // 2]
 
 
 def _row(row: dict, rows: list[dict]) -> str:
