@@ -57,7 +57,8 @@ async def test_a_job_succeeds_with_its_termination_message_and_logs(apiserver, n
     await cluster.kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg", "namespace": NS},
                                "data": {"c.json": json.dumps({"out": "/data/result.txt", "log": "/dev/termination-log"})}})  # fmt: skip
     script = ("import json; c = json.load(open('/etc/cfg/c.json')); open(c['out'], 'w').write('done'); "
-              "print('step 1', flush=True); open(c['log'], 'w').write(json.dumps({'status': 'succeeded', 'step': 1}))")
+              "print('step 1, wrote', c['out'], flush=True); "
+              "open(c['log'], 'w').write(json.dumps({'status': 'succeeded', 'step': 1, 'output': c['out']}))")
     j = job("ok", script, extra={"volumeMounts": [{"name": "cfg", "mountPath": "/etc/cfg"}, {"name": "data", "mountPath": "/data"}]})
     j["spec"]["template"]["spec"]["volumes"] = [{"name": "cfg", "configMap": {"name": "cfg"}},
                                                 {"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]  # fmt: skip
@@ -66,9 +67,11 @@ async def test_a_job_succeeds_with_its_termination_message_and_logs(apiserver, n
     assert done["status"]["succeeded"] == 1 and done["status"]["completionTime"]
     [pod] = await pods_of(cluster, "ok")
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
-    assert terminated["exitCode"] == 0 and json.loads(terminated["message"]) == {"status": "succeeded", "step": 1}
+    # The process wrote to its local folder, and reports the path the pod sees, as in a container.
+    assert terminated["exitCode"] == 0
+    assert json.loads(terminated["message"]) == {"status": "succeeded", "step": 1, "output": "/data/result.txt"}
     assert (node.node.claims["data"] / "result.txt").read_text() == "done", "the PVC maps to its local folder"
-    assert "step 1" in apiserver.pod_logs[(NS, pod["metadata"]["name"])]
+    assert "step 1, wrote /data/result.txt" in apiserver.pod_logs[(NS, pod["metadata"]["name"])]
 
 
 async def test_pod_failure_policy_decides_retry_or_fail(apiserver, node):
@@ -179,6 +182,7 @@ def test_mount_translation_and_missing_volumes(tmp_path):
     assert m.translate('{"a": "/data/x", "b": "/database", "c": "/x/data"} --model=/data') == '{"a": "/L/d/x", "b": "/database", "c": "/x/data"} --model=/L/d'
     nested = Mounts({"/data": Path("/tmp/x/data"), "/tmp": Path("/L/tmp")})
     assert nested.translate("--model=/data/m /tmp/f") == "--model=/tmp/x/data/m /L/tmp/f", "one pass: no double rewrite"
+    assert nested.untranslate("saved /tmp/x/data/m and /L/tmp/f, not /L/tmpfoo") == "saved /data/m and /tmp/f, not /L/tmpfoo"
     pod = {"spec": {"volumes": [{"name": "v", "csi": {"driver": "gcsfuse.csi.storage.gke.io"}},
                                 {"name": "p", "persistentVolumeClaim": {"claimName": "other"}}]}}  # fmt: skip
     with pytest.raises(VolumeError, match="csi volumes are not available on the local node"):

@@ -117,7 +117,10 @@ def _failure_details(apiserver: ApiServer, obj: dict) -> str:
     return f"\nlast lines of pod {pod}:\n" + "\n".join(text.splitlines()[-25:])
 
 
-async def run(args: argparse.Namespace, stop: asyncio.Event) -> Outcome:
+async def run(args: argparse.Namespace, stop: asyncio.Event, own_signals: bool = False) -> Outcome:
+    """The pipeline; with `own_signals`, Ctrl-C and SIGTERM set `stop` at any point."""
+    if own_signals:
+        _stop_on_signals(stop)
     _prerequisites(args)
     workdir = Path(args.workdir).resolve()
     data = workdir / "data"
@@ -137,6 +140,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> Outcome:
         url = str(server.url).rstrip("/")
         op_stop, ready = asyncio.Event(), asyncio.Event()
         _, op_tasks = await runner.spawn(url, settings, op_stop, ready)
+        if own_signals:
+            _stop_on_signals(stop)  # kopf took the signals over for the operator alone: take them back
         kube = Kube.from_url(url, LOCAL_KINDS, user_agent="gemma-tpu-node")
         agent = NodeAgent(kube, apiserver, Node(workdir / "node", images, {DATA_CLAIM: data}), interval=0.25)
         agent_task = asyncio.create_task(agent.run(stop))
@@ -153,6 +158,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> Outcome:
             out = await _follow(kube, apiserver, table, stop, args.timeout, out)
             out.total_seconds = time.monotonic() - started
             out.phases = table.durations()
+            if out.answer is None:  # stopped before the end
+                return out
             _summary(out, url)
             if args.keep_running and not stop.is_set():
                 config = _kubeconfig(workdir / "kubeconfig", url)
@@ -224,17 +231,19 @@ def _summary(out: Outcome, url: str) -> None:
     print(f"  API server       {url}", flush=True)
 
 
-def main(args: argparse.Namespace) -> int:
-    async def go() -> Outcome:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        return await run(args, stop)
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
 
+
+def main(args: argparse.Namespace) -> int:
     try:
-        asyncio.run(go())
+        out = asyncio.run(run(args, asyncio.Event(), own_signals=True))
     except DevError as e:
         print(f"\ngemma-tpu dev: {e}", file=sys.stderr)
         return 1
+    if out.answer is None:
+        print("\ngemma-tpu dev: stopped; every process it started has exited", file=sys.stderr)
+        return 130
     return 0

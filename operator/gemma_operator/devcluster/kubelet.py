@@ -142,7 +142,7 @@ class LocalPod:
         text = path.read_text(errors="replace") if path and path.exists() else ""
         if not text.strip() and code != 0 and self.container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
             text = "\n".join(self.group.log_tail(80).splitlines())[-2048:]
-        return text[:TERMINATION_MESSAGE_LIMIT]
+        return self.mounts.untranslate(text)[:TERMINATION_MESSAGE_LIMIT]
 
     def status(self) -> dict[str, Any]:
         code = self.exit_code()
@@ -197,7 +197,7 @@ def waiting_status(container: str, reason: str, message: str, scheduled: bool = 
 
 
 def log_text(pod: LocalPod, lines: int = 500) -> str:
-    text = pod.group.log_tail(lines)
+    text = pod.mounts.untranslate(pod.group.log_tail(lines))
     return text + "\n" if text else ""
 
 

@@ -40,6 +40,15 @@ class Mounts:
     def translate_all(self, items: list[str]) -> list[str]:
         return [self.translate(x) for x in items]
 
+    def untranslate(self, text: str) -> str:
+        """Local folders back to mount paths: what the process reports (its termination message,
+        its log) names the paths the pod sees, as it would in a container."""
+        local = {str(p): m for m, p in self.paths.items() if m != TERMINATION_LOG and not p.is_file()}
+        if not local:
+            return text
+        alternatives = "|".join(re.escape(p) for p in sorted(local, key=len, reverse=True))
+        return re.sub(rf"({alternatives})(?=/|$|[^\w.-])", lambda m: local[m.group(1)], text)
+
 
 def materialize(
     pod: dict[str, Any],
