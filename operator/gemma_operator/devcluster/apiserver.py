@@ -6,7 +6,8 @@ uid, resourceVersion, generation, timestamps and generateName; atomic list-then-
 from a resourceVersion (410 Gone when too old); a status subresource split from the main
 resource; JSON patch (with `test`) and merge patch; optimistic concurrency; label and field
 selectors; finalizers and garbage collection of owned objects; defaulting, pruning and schema
-validation of custom resources from their CRD; and pod logs. Every request is recorded as
+validation of custom resources from their CRD; pod logs; and discovery and server-side tables
+in the shapes kubectl relies on. Every request is recorded as
 (verb, group, resource), and per User-Agent as a `Call` (with namespace and name), so tests can
 check RBAC against what the operator really calls, and not what the test itself calls.
 """
@@ -36,6 +37,24 @@ from gemma_operator.devcluster.semantics import (
 )
 
 HISTORY = 50_000  # watch events kept for resuming
+SUBRESOURCE_VERBS = {"status": ["get", "patch", "update"], "scale": ["get", "patch", "update"], "log": ["get"]}
+IN_CATEGORY_ALL = {"pods", "services", "deployments", "jobs", "horizontalpodautoscalers"}
+# Server-side printing of built-in kinds: the API server's own columns, as (name, type, JSON path).
+_AGE = ("Age", "date", ".metadata.creationTimestamp")
+BUILTIN_COLUMNS = {
+    kind: [{"name": n, "type": t, "jsonPath": p} for n, t, p in columns]
+    for kind, columns in {
+        "Pod": [("Status", "string", ".status.phase"), ("Restarts", "integer", ".status.containerStatuses[0].restartCount"),
+                _AGE],
+        "Job": [("Active", "integer", ".status.active"), ("Succeeded", "integer", ".status.succeeded"),
+                ("Failed", "integer", ".status.failed"), _AGE],
+        "Deployment": [("Ready", "integer", ".status.readyReplicas"), ("Up-to-date", "integer", ".status.updatedReplicas"),
+                       ("Available", "integer", ".status.availableReplicas"), _AGE],
+        "Service": [("Type", "string", ".spec.type"), ("Cluster-IP", "string", ".spec.clusterIP"), _AGE],
+        "Event": [("Type", "string", ".type"), ("Reason", "string", ".reason"), ("Object", "string", ".involvedObject.name"),
+                  ("Message", "string", ".message")],
+    }.items()
+}  # fmt: skip
 
 
 class Call(NamedTuple):
@@ -122,30 +141,41 @@ class ApiServer(kmock.KubernetesScaffold):
 
     def register_defaults(self) -> None:
         """Built-in kinds the operator touches, the JobSet/LWS/monitoring kinds, and our CRDs."""
-        self.resources.load_bundled()
-        for gv, plural, kind, subs in [
-            ("v1", "pods", "Pod", {"status", "log"}),
-            ("v1", "configmaps", "ConfigMap", set()),
-            ("v1", "secrets", "Secret", set()),
-            ("v1", "services", "Service", {"status"}),
-            ("v1", "events", "Event", set()),
-            ("v1", "namespaces", "Namespace", {"status"}),
-            ("events.k8s.io/v1", "events", "Event", set()),
-            ("batch/v1", "jobs", "Job", {"status"}),
-            ("apps/v1", "deployments", "Deployment", {"status", "scale"}),
-            ("autoscaling/v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", {"status"}),
-            ("policy/v1", "poddisruptionbudgets", "PodDisruptionBudget", {"status"}),
-            ("coordination.k8s.io/v1", "leases", "Lease", set()),
-            ("jobset.x-k8s.io/v1alpha2", "jobsets", "JobSet", {"status"}),
-            ("leaderworkerset.x-k8s.io/v1", "leaderworkersets", "LeaderWorkerSet", {"status", "scale"}),
-            ("monitoring.coreos.com/v1", "podmonitors", "PodMonitor", set()),
-            ("monitoring.coreos.com/v1", "servicemonitors", "ServiceMonitor", set()),
-            ("apiextensions.k8s.io/v1", "customresourcedefinitions", "CustomResourceDefinition", {"status"}),
+        for gv, plural, kind, subs, short in [
+            ("v1", "pods", "Pod", {"status", "log"}, {"po"}),
+            ("v1", "configmaps", "ConfigMap", set(), {"cm"}),
+            ("v1", "secrets", "Secret", set(), set()),
+            ("v1", "services", "Service", {"status"}, {"svc"}),
+            ("v1", "events", "Event", set(), {"ev"}),
+            ("v1", "namespaces", "Namespace", {"status"}, {"ns"}),
+            ("events.k8s.io/v1", "events", "Event", set(), {"ev"}),
+            ("batch/v1", "jobs", "Job", {"status"}, set()),
+            ("apps/v1", "deployments", "Deployment", {"status", "scale"}, {"deploy"}),
+            ("autoscaling/v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", {"status"}, {"hpa"}),
+            ("policy/v1", "poddisruptionbudgets", "PodDisruptionBudget", {"status"}, {"pdb"}),
+            ("coordination.k8s.io/v1", "leases", "Lease", set(), set()),
+            ("jobset.x-k8s.io/v1alpha2", "jobsets", "JobSet", {"status"}, set()),
+            ("leaderworkerset.x-k8s.io/v1", "leaderworkersets", "LeaderWorkerSet", {"status", "scale"}, {"lws"}),
+            ("monitoring.coreos.com/v1", "podmonitors", "PodMonitor", set(), {"pmon"}),
+            ("monitoring.coreos.com/v1", "servicemonitors", "ServiceMonitor", set(), {"smon"}),
+            ("apiextensions.k8s.io/v1", "customresourcedefinitions", "CustomResourceDefinition", {"status"}, {"crd", "crds"}),
         ]:
             cluster_scoped = plural in ("namespaces", "customresourcedefinitions")
-            self.register(gv, plural, kind, namespaced=not cluster_scoped, subresources=subs)
+            self.register(gv, plural, kind, namespaced=not cluster_scoped, subresources=subs, short_names=short,
+                          categories={"all"} if plural in IN_CATEGORY_ALL else set(), columns=BUILTIN_COLUMNS.get(kind))  # fmt: skip
         for definition in crd.all_crds():
             self.register_crd(definition)
+
+    async def _serve_version(self, request: kmock.Request) -> dict[str, Any]:
+        """Discovery as the API server gives it: the core group is plain `v1`, and subresources
+        carry their own verbs and no short names (kubectl warns of ambiguity otherwise)."""
+        payload = await super()._serve_version(request)
+        res = request.resource
+        payload["groupVersion"] = f"{res.group}/{res.version}" if res.group else res.version
+        for entry in payload["resources"]:
+            if "/" in entry["name"]:
+                entry.update(shortNames=[], categories=[], verbs=SUBRESOURCE_VERBS.get(entry["name"].split("/")[1], ["get"]))
+        return payload
 
     def _kind(self, res: kmock.resource | None) -> Kind:
         if res is None or res not in self._kinds:
