@@ -73,3 +73,14 @@ async def test_kubectl_gets_our_kinds_and_the_built_in_ones(apiserver, tmp_path)
     assert "ft" in done.stdout and "PHASE" in done.stdout
     events = await asyncio.to_thread(kubectl, "get", "events")
     assert events.returncode == 0 and "created the training Job" in events.stdout, events.stdout + events.stderr
+
+
+async def test_a_new_job_selects_its_own_pods_by_uid(apiserver):
+    cluster = Cluster(apiserver)
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "default"},
+           "spec": {"template": {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": []}}}}  # fmt: skip
+    created = await cluster.apply(job)
+    uid = created["metadata"]["uid"]
+    assert created["spec"]["selector"] == {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+    labels = created["spec"]["template"]["metadata"]["labels"]
+    assert labels["app"] == "x" and labels["batch.kubernetes.io/controller-uid"] == uid and labels["job-name"] == "j"

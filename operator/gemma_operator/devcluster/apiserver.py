@@ -30,6 +30,7 @@ import kmock
 from gemma_operator import crd
 from gemma_operator.devcluster.semantics import (
     Kind,
+    default_job_selector,
     error,
     field_selector_matches,
     label_selector_matches,
@@ -309,6 +310,8 @@ class ApiServer(kmock.KubernetesScaffold):
                 raise error(409, "AlreadyExists", f'{kind.resource.plural} "{meta["name"]}" already exists')
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1, resourceVersion=self._next_rv())
             obj["metadata"] = meta
+            if kind.resource.group == "batch" and kind.kind == "Job":
+                default_job_selector(obj)
             self.objects[key] = obj
             self._emit(kind.resource, "ADDED", obj)
             return kmock.Response(status=201, payload=copy.deepcopy(obj))

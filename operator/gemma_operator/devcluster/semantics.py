@@ -133,6 +133,19 @@ def _as_jsonschema(schema: dict) -> dict:
     return out
 
 
+def default_job_selector(job: dict[str, Any]) -> None:
+    """What the API server adds to a new Job: a selector on its uid, and the labels that match it
+    on the pod template (so `kubectl logs job/NAME` finds the Job's own pods)."""
+    meta, spec = job["metadata"], job.setdefault("spec", {})
+    if spec.get("manualSelector"):
+        return
+    labels = {"batch.kubernetes.io/controller-uid": meta["uid"], "controller-uid": meta["uid"],
+              "batch.kubernetes.io/job-name": meta["name"], "job-name": meta["name"]}  # fmt: skip
+    spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": meta["uid"]}}
+    template_meta = spec.setdefault("template", {}).setdefault("metadata", {})
+    template_meta["labels"] = {**(template_meta.get("labels") or {}), **labels}
+
+
 def _json_path(obj: Any, path: str) -> Any:
     """The simple `.a.b[0].c` JSONPath of printer columns."""
     for part in path.strip(".").split("."):
