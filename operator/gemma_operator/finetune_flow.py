@@ -197,24 +197,27 @@ def _account(v: FineTuneView, st: dict, outcome: failure_policy.Outcome) -> None
     Whole seconds are accounted up to `accountedAt` (itself whole seconds), so repeated reconciles
     neither lose nor double-count the fractions; while running, the total is brought up to date at
     most every ACCOUNT_EVERY seconds so that accounting alone does not keep rewriting the status.
+    A workload that stops running (finished, suspended, requeued) is accounted up to that moment.
     """
     chips = v.plan.placement.chips
     last = parse_time(st.get("accountedAt"))
-    running = outcome.state == "Running"
-    if running or (outcome.state in ("Succeeded", "Failed") and last):
-        finished = _finished_at(v.training)
-        end = v.now.replace(microsecond=0) if running else (finished or v.now.replace(microsecond=0))
-        if last is None or not running or (end - last).total_seconds() >= ACCOUNT_EVERY:
-            if last and end > last:
-                st["chipHours"] = round(float(st.get("chipHours") or 0) + chips * (end - last).total_seconds() / 3600, 6)
-            st["accountedAt"] = timestamp(end)
-        if not running:
-            st.pop("accountedAt", None)
+    now = v.now.replace(microsecond=0)
+    if outcome.state == "Running":
+        if last is None or (now - last).total_seconds() >= ACCOUNT_EVERY:
+            _add_chip_hours(st, chips, last, now)
+            st["accountedAt"] = timestamp(now)
     else:
+        finished = _finished_at(v.training) if outcome.state in ("Succeeded", "Failed") else None
+        _add_chip_hours(st, chips, last, finished or now)
         st.pop("accountedAt", None)
     if chips:
         st.setdefault("chipHours", 0.0)
         st["estimatedCost"] = round(st["chipHours"] * v.plan.price_per_chip_hour, 2)
+
+
+def _add_chip_hours(st: dict, chips: int, since: datetime.datetime | None, until: datetime.datetime) -> None:
+    if since and until > since:
+        st["chipHours"] = round(float(st.get("chipHours") or 0) + chips * (until - since).total_seconds() / 3600, 6)
 
 
 def _finished_at(workload: dict | None) -> datetime.datetime | None:

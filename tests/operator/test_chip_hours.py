@@ -64,3 +64,17 @@ def test_failed_workload_is_accounted_until_its_failure_not_until_seen():
     status = _reconcile(plan, status, failed_at + datetime.timedelta(hours=1), _job(training.names(plan)[0], failed_at, failed=True))
     assert status["phase"] == "Failed"
     assert status["chipHours"] == pytest.approx(4 * 90 / 3600, abs=1e-6)
+
+
+def test_a_workload_suspended_by_its_queue_is_accounted_until_then():
+    plan = _plan()
+    name, _ = training.names(plan)
+    status = _reconcile(plan, {"run": plan.run, "attempt": 1, "phase": "Pending"}, T0, _job(name))
+    status = _reconcile(plan, status, T0 + datetime.timedelta(seconds=30), _job(name))
+    assert status["chipHours"] == 0, "not yet brought up to date (less than a minute)"
+    suspended = {**_job(name), "spec": {"backoffLimit": 3, "suspend": True},
+                 "status": {"conditions": [{"type": "Suspended", "status": "True"}]}}  # fmt: skip
+    status = _reconcile(plan, status, T0 + datetime.timedelta(seconds=45), suspended)
+    assert status["chipHours"] == pytest.approx(4 * 45 / 3600, abs=1e-6) and "accountedAt" not in status
+    status = _reconcile(plan, status, T0 + datetime.timedelta(hours=2), suspended)
+    assert status["chipHours"] == pytest.approx(4 * 45 / 3600, abs=1e-6), "nothing while suspended"
