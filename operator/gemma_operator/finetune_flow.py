@@ -18,7 +18,7 @@ from gemma_operator import failure_policy
 from gemma_operator.children import merge, merge_objects, training, training_objects
 from gemma_operator.plan import FineTunePlan
 from gemma_operator.settings import OperatorSettings
-from gemma_operator.lifecycle import Decision, decide_with, set_cond
+from gemma_operator.lifecycle import Decision, ResourceView, decide_with, set_cond
 from gemma_operator.status import condition, parse_time, timestamp
 from gemma_workloads.config import MergeResult, Progress, TrainResult
 
@@ -29,17 +29,10 @@ RUN_CONDITIONS = ("TrainingComplete", "Merged", "Complete", "Failed", "Suspended
 
 
 @dataclass
-class FineTuneView:
+class FineTuneView(ResourceView):
     """Everything observed for one GemmaFineTune."""
 
-    name: str
-    namespace: str
-    generation: int
-    status: dict[str, Any]
-    plan: FineTunePlan | None
-    problems: list[str]
-    owner: dict[str, Any] | None
-    now: datetime.datetime
+    plan: FineTunePlan | None = None
     training: dict | None = None  # the current attempt's Job or JobSet
     training_pods: list[dict] = field(default_factory=list)
     merge: dict | None = None

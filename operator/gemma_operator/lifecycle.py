@@ -1,13 +1,28 @@
-"""What both lifecycles share: the Decision they return and the skeleton of a decision."""
+"""What both lifecycles share: what they observe of their resource, the Decision they return and
+the skeleton of a decision."""
 
 from __future__ import annotations
 
 import copy
+import datetime
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gemma_operator.status import set_condition
+
+
+@dataclass
+class ResourceView:
+    """The custom resource as observed; each lifecycle's view adds its plan and children."""
+
+    name: str
+    namespace: str
+    generation: int
+    status: dict[str, Any]
+    problems: list[str]  # why the spec is invalid; empty when it is valid
+    owner: dict[str, Any] | None  # the ownerReference its children carry
+    now: datetime.datetime
 
 
 @dataclass
@@ -19,11 +34,11 @@ class Decision:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
 
 
-def set_cond(view: Any, st: dict, type_: str, value: bool, reason: str, message: str) -> None:
+def set_cond(view: ResourceView, st: dict, type_: str, value: bool, reason: str, message: str) -> None:
     st["conditions"] = set_condition(st.get("conditions") or [], type_, value, reason, message, view.generation, view.now)
 
 
-def decide_with(view: Any, advance: Callable[[Decision], None], invalid: Callable[[dict, str], None]) -> Decision:
+def decide_with(view: ResourceView, advance: Callable[[Decision], None], invalid: Callable[[dict, str], None]) -> Decision:
     """observedGeneration, the InvalidSpec condition, the lifecycle's own step, and an Event
     (Warning when Failed) whenever the phase changes."""
     st = copy.deepcopy(view.status or {})

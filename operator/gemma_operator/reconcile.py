@@ -101,10 +101,7 @@ class Controller:
             plan = plan_finetune(name, namespace, body.get("spec"), self.settings, meta.get("labels"))
         except SpecError as e:
             problems = e.problems
-        view = finetune_flow.FineTuneView(
-            name=name, namespace=namespace, generation=int(meta.get("generation") or 1), status=status,
-            plan=plan, problems=problems, owner=common.owner_reference(api.FINETUNE, name, meta["uid"]), now=now(),
-        )  # fmt: skip
+        view = finetune_flow.FineTuneView(**_observed(body, api.FINETUNE), plan=plan, problems=problems)
         if plan is None:
             return view
         kind = "JobSet" if plan.multi_host else "Job"
@@ -174,11 +171,8 @@ class Controller:
                               labels=meta.get("labels"))  # fmt: skip
         except SpecError as e:
             problems = e.problems
-        view = serve_flow.ServeView(
-            name=name, namespace=namespace, generation=int(meta.get("generation") or 1), status=status, plan=plan,
-            problems=problems, owner=common.owner_reference(api.SERVE, name, meta["uid"]), now=now(),
-            fine_tune_name=ref, fine_tune=fine_tune,
-        )  # fmt: skip
+        view = serve_flow.ServeView(**_observed(body, api.SERVE), plan=plan, problems=problems, fine_tune_name=ref,
+                                    fine_tune=fine_tune)  # fmt: skip
         if plan is not None and plan.model_uri:
             wanted = "LeaderWorkerSet" if plan.multi_host else "Deployment"
             for kind in SERVING_KINDS:
@@ -286,3 +280,10 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
     @kopf.on.cleanup(registry=registry)
     async def stop_poller(memo: kopf.Memo, **_: Any) -> None:
         memo.poller.cancel()
+
+
+def _observed(body: dict, kind: api.Kind) -> dict[str, Any]:
+    """The ResourceView fields every lifecycle reads off its resource."""
+    meta = body["metadata"]
+    return dict(name=meta["name"], namespace=meta["namespace"], generation=int(meta.get("generation") or 1),
+                status=body.get("status") or {}, owner=common.owner_reference(kind, meta["name"], meta["uid"]), now=now())  # fmt: skip

@@ -8,26 +8,20 @@ previous output until the new merge lands, then rolls (maxSurge 0: no spare TPUs
 
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
 from gemma_operator.children import serving, serving_objects
-from gemma_operator.lifecycle import Decision, decide_with, set_cond
+from gemma_operator.lifecycle import Decision, ResourceView, decide_with, set_cond
 from gemma_operator.plan import ServePlan
 from gemma_operator.settings import OperatorSettings
 
 
 @dataclass
-class ServeView:
-    name: str
-    namespace: str
-    generation: int
-    status: dict[str, Any]
-    plan: ServePlan | None
-    problems: list[str]
-    owner: dict[str, Any] | None
-    now: datetime.datetime
+class ServeView(ResourceView):
+    """Everything observed for one GemmaServe."""
+
+    plan: ServePlan | None = None
     fine_tune_name: str | None = None
     fine_tune: dict | None = None  # the referenced GemmaFineTune, when found
     workload: dict | None = None  # the Deployment or LeaderWorkerSet the plan wants
