@@ -16,6 +16,15 @@ def names(b):
     return p, training.names(p)[0], merge.name(p)
 
 
+async def training_started(cluster, b) -> str:
+    """Apply the fine-tune and play its training Job's start, as the Job controller would; the Job's name."""
+    _, train_name, _ = names(b)
+    await cluster.apply(b.obj())
+    await cluster.job(NS, train_name)
+    await cluster.job_running(NS, train_name)
+    return train_name
+
+
 async def test_happy_path_train_merge_succeed(operator, cluster):
     b = finetune("ft").tpu("v5p", "2x2x1")
     p, train_name, merge_name = names(b)
@@ -66,10 +75,7 @@ async def _events(cluster, name):
 
 async def test_application_error_fails_at_once_with_the_pods_message(operator, cluster):
     b = finetune("bad-data").tpu("v5p")
-    _, train_name, _ = names(b)
-    await cluster.apply(b.obj())
-    await cluster.job(NS, train_name)
-    await cluster.job_running(NS, train_name)
+    train_name = await training_started(cluster, b)
     await cluster.pod_failed(NS, train_name, 2, json.dumps({"status": "failed", "error": "train.jsonl line 7: missing 'messages'"}))
     await cluster.job_failed(NS, train_name, "PodFailurePolicy", "Container trainer failed with exit code 2 matching FailJob rule at index 2")
     ft = await cluster.phase("GemmaFineTune", NS, "bad-data", "Failed")
@@ -82,10 +88,7 @@ async def test_application_error_fails_at_once_with_the_pods_message(operator, c
 
 async def test_retries_exhausted_fails_and_counts_restarts_not_preemptions(operator, cluster):
     b = finetune("flaky").tpu("v5p").set("backoffLimit", 2)
-    _, train_name, _ = names(b)
-    await cluster.apply(b.obj())
-    await cluster.job(NS, train_name)
-    await cluster.job_running(NS, train_name)
+    train_name = await training_started(cluster, b)
     await cluster.pod_failed(NS, train_name, 42, preempted=True)
     await cluster.pod_failed(NS, train_name, 137, "OOMKilled")
     await cluster.pod_failed(NS, train_name, 137, "OOMKilled")
@@ -128,9 +131,7 @@ async def test_operator_restart_mid_training_creates_no_second_job(apiserver, cl
         return stop, tasks
 
     stop, tasks = await start()
-    await cluster.apply(b.obj())
-    await cluster.job(NS, train_name)
-    await cluster.job_running(NS, train_name)
+    await training_started(cluster, b)
     await cluster.phase("GemmaFineTune", NS, "steady", "Training")
     await runner.stop(tasks, stop)
 
@@ -162,10 +163,7 @@ async def test_a_vanished_job_is_a_new_attempt_within_the_budget(operator, clust
 
 async def test_suspend_and_resume(operator, cluster):
     b = finetune("pause").tpu("v5p")
-    _, train_name, _ = names(b)
-    await cluster.apply(b.obj())
-    await cluster.job(NS, train_name)
-    await cluster.job_running(NS, train_name)
+    train_name = await training_started(cluster, b)
     await cluster.phase("GemmaFineTune", NS, "pause", "Training")
     await cluster.kube.patch("GemmaFineTune", NS, "pause", {"spec": {"suspend": True}})
     await cluster.wait_for(lambda: _suspended(cluster, train_name, True), message="Job suspended")
@@ -183,9 +181,7 @@ async def _suspended(cluster, name, value):
 async def test_a_spec_change_starts_a_new_run_and_stops_the_old_one(operator, cluster):
     b = finetune("rerun").tpu("v5p")
     p1, first, _ = names(b)
-    await cluster.apply(b.obj())
-    await cluster.job(NS, first)
-    await cluster.job_running(NS, first)
+    await training_started(cluster, b)
     await cluster.phase("GemmaFineTune", NS, "rerun", "Training")
     await cluster.kube.patch("GemmaFineTune", NS, "rerun", {"spec": {"training": {"learningRate": 3e-4}}})
     p2, second, _ = names(finetune("rerun").tpu("v5p").training(learningRate=3e-4))
@@ -205,10 +201,7 @@ async def test_deletion_collects_children_and_leaves_artifacts(operator, cluster
     out.mkdir()
     (out / "keep.txt").write_text("artifact")
     b = finetune("gone").cpu_tiny(str(tmp_path)).set("output.uri", str(out))
-    _, train_name, _ = names(b)
-    await cluster.apply(b.obj())
-    await cluster.job(NS, train_name)
-    await cluster.job_running(NS, train_name)
+    train_name = await training_started(cluster, b)
     await cluster.kube._call("DELETE", "/apis/gemma-tpu.dev/v1alpha1/namespaces/default/gemmafinetunes/gone")
     await cluster.wait_for(lambda: _gone(cluster, train_name), message="Job garbage-collected")
     assert await cluster.get("ConfigMap", NS, train_name) is None
