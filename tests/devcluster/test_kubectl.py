@@ -74,6 +74,15 @@ async def test_kubectl_gets_our_kinds_and_the_built_in_ones(apiserver, tmp_path)
     events = await asyncio.to_thread(kubectl, "get", "events")
     assert events.returncode == 0 and "created the training Job" in events.stdout, events.stdout + events.stderr
 
+    job = await cluster.apply({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": "default"},
+                               "spec": {"template": {"spec": {"containers": [{"name": "trainer", "image": "x"}]}}}})  # fmt: skip
+    for name, labels in (("other", {"app": "vllm"}), ("train-abcde", job["spec"]["template"]["metadata"]["labels"])):
+        await cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "labels": labels},
+                             "spec": {"containers": [{"name": "trainer", "image": "x"}]}})  # fmt: skip
+        apiserver.pod_logs[("default", name)] = f"log of {name}\n"
+    logs = await asyncio.to_thread(kubectl, "logs", "job/train")
+    assert logs.returncode == 0 and logs.stdout == "log of train-abcde\n", logs.stdout + logs.stderr
+
 
 async def test_a_new_job_selects_its_own_pods_by_uid(apiserver):
     cluster = Cluster(apiserver)
