@@ -8,7 +8,6 @@ the RBAC role is checked against this table (tests/packaging) and against the ca
 from __future__ import annotations
 
 import asyncio
-import datetime
 import hashlib
 import json
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ import kubernetes
 from kubernetes.client.rest import ApiException
 
 from gemma_operator import api
-from gemma_operator.status import diff_patch
+from gemma_operator.status import diff_patch, now, timestamp
 
 
 @dataclass(frozen=True)
@@ -159,7 +158,7 @@ class Kube:
     async def event(self, involved: dict, type_: str, reason: str, message: str) -> None:
         """A core/v1 Event on a CR, shown by `kubectl describe`."""
         meta = involved["metadata"]
-        t = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        t = timestamp(now())
         await self.create({
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},

@@ -8,12 +8,13 @@ import time
 import pytest
 
 from gemma_operator.children import training
+from gemma_operator.devcluster.processes import free_port
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
 from tests.support.builders import finetune
 from tests.support.chart import objects, one, role_grants
 from tests.support.operator import operator_calls
-from tests.support.process import chart_command, free_port, http_status, kubeconfig, running, scrape, stop, until
+from tests.support.process import chart_command, http_status, kubeconfig, running, scrape, stop, until
 
 pytestmark = pytest.mark.slow
 NS = "default"

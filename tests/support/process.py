@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -21,12 +20,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.chart import objects, one
 
 ENTRYPOINT = Path(sys.executable).parent / "gemma-tpu"  # the operator image's ENTRYPOINT
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def chart_command(values: dict, workdir: Path) -> list[str]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
-import datetime
 import secrets
 import uuid
 from collections.abc import AsyncIterator
@@ -36,6 +35,7 @@ from gemma_operator.devcluster.semantics import (
     label_selector_matches,
     merge_patch,
 )
+from gemma_operator.status import now, timestamp
 
 HISTORY = 50_000  # watch events kept for resuming
 SUBRESOURCE_VERBS = {"status": ["get", "patch", "update"], "scale": ["get", "patch", "update"], "log": ["get"]}
@@ -66,10 +66,6 @@ class Call(NamedTuple):
     resource: str
     namespace: str | None
     name: str | None
-
-
-def now() -> str:
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # ---------------------------------------------------------------------------- the server
@@ -308,7 +304,7 @@ class ApiServer(kmock.KubernetesScaffold):
             key = (kind.resource, meta.get("namespace"), meta["name"])
             if key in self.objects:
                 raise error(409, "AlreadyExists", f'{kind.resource.plural} "{meta["name"]}" already exists')
-            meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1, resourceVersion=self._next_rv())
+            meta.update(uid=str(uuid.uuid4()), creationTimestamp=timestamp(now()), generation=1, resourceVersion=self._next_rv())
             obj["metadata"] = meta
             if kind.resource.group == "batch" and kind.kind == "Job":
                 default_job_selector(obj)
@@ -383,7 +379,7 @@ class ApiServer(kmock.KubernetesScaffold):
         meta = obj["metadata"]
         if meta.get("finalizers"):
             if not meta.get("deletionTimestamp"):
-                meta["deletionTimestamp"] = now()
+                meta["deletionTimestamp"] = timestamp(now())
                 meta["resourceVersion"] = self._next_rv()
                 self._emit(key[0], "MODIFIED", obj)
             return obj
