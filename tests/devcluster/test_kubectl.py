@@ -10,10 +10,10 @@ import urllib.request
 
 import pytest
 
+from gemma_operator.devcluster.apiserver import write_kubeconfig
 from gemma_operator.devcluster.semantics import human_duration
 from tests.support.builders import finetune
 from tests.support.cluster import Cluster
-from tests.support.process import kubeconfig
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io, application/json"
 
@@ -62,7 +62,7 @@ async def test_kubectl_gets_our_kinds_and_the_built_in_ones(apiserver, tmp_path)
     await cluster.apply({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "ft.1", "namespace": "default"},
                          "involvedObject": {"kind": "GemmaFineTune", "name": "ft"}, "type": "Normal", "reason": "Created",
                          "message": "created the training Job"})  # fmt: skip
-    config = kubeconfig(str(apiserver.url), tmp_path / "kubeconfig")
+    config = write_kubeconfig(tmp_path / "kubeconfig", str(apiserver.url))
     env = {"KUBECONFIG": str(config), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
 
     def kubectl(*args: str) -> subprocess.CompletedProcess:

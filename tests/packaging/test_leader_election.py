@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 
 from gemma_operator.children import training
+from gemma_operator.devcluster.apiserver import write_kubeconfig
 from gemma_operator.devcluster.processes import free_port
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
 from tests.support.builders import finetune
 from tests.support.chart import NAMESPACE, grants, objects, one, role_grants
 from tests.support.operator import operator_calls
-from tests.support.process import chart_command, http_status, kubeconfig, running, stop, until
+from tests.support.process import chart_command, http_status, running, stop, until
 
 pytestmark = pytest.mark.slow
 NS = "default"
@@ -39,7 +40,7 @@ async def test_a_standby_takes_over_when_the_leader_stops(apiserver, cluster, tm
     def holder():
         return (apiserver.objects.get(lease_key) or {}).get("spec", {}).get("holderIdentity")
 
-    config = kubeconfig(str(apiserver.url), tmp_path / "kubeconfig")
+    config = write_kubeconfig(tmp_path / "kubeconfig", str(apiserver.url))
     ports = {pod: (free_port(), free_port()) for pod in ("op-a", "op-b")}
     logs = {pod: tmp_path / f"{pod}.log" for pod in ports}
 

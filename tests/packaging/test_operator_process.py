@@ -8,13 +8,14 @@ import time
 import pytest
 
 from gemma_operator.children import training
+from gemma_operator.devcluster.apiserver import write_kubeconfig
 from gemma_operator.devcluster.processes import free_port
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
 from tests.support.builders import finetune
 from tests.support.chart import objects, one, role_grants
 from tests.support.operator import operator_calls
-from tests.support.process import chart_command, http_status, kubeconfig, running, scrape, stop, until
+from tests.support.process import chart_command, http_status, running, scrape, stop, until
 
 pytestmark = pytest.mark.slow
 NS = "default"
@@ -30,7 +31,7 @@ async def test_metrics_health_and_rbac_of_the_operator_process(apiserver, cluste
     service = one(objects(values), "Service")
     assert service["spec"]["ports"][0]["port"] == metrics_port, "the chart exposes the port the operator serves"
     command = chart_command(values, tmp_path)
-    config, log = kubeconfig(str(apiserver.url), tmp_path / "kubeconfig"), tmp_path / "operator.log"
+    config, log = write_kubeconfig(tmp_path / "kubeconfig", str(apiserver.url)), tmp_path / "operator.log"
     with running(command, config, log) as proc:
         await until(lambda: http_status(f"http://127.0.0.1:{health_port}/healthz") == 200, message="/healthz", log=log)
 

@@ -14,7 +14,6 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.chart import objects, one
@@ -35,16 +34,6 @@ def chart_command(values: dict, workdir: Path) -> list[str]:
     for key, text in settings["data"].items():
         (local / key).write_text(text)
     return [str(ENTRYPOINT), *(arg.replace(mount, str(local)) for arg in container["args"])]
-
-
-def kubeconfig(url: str, path: Path) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "test",
-        "clusters": [{"name": "test", "cluster": {"server": url.rstrip("/")}}],
-        "users": [{"name": "test", "user": {}}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-    }))  # fmt: skip
-    return path
 
 
 @contextlib.contextmanager

@@ -20,11 +20,13 @@ import copy
 import secrets
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import attrs
 import jsonpatch
 import kmock
+import yaml
 
 from gemma_operator import crd
 from gemma_operator.devcluster.semantics import (
@@ -56,6 +58,17 @@ BUILTIN_COLUMNS = {
                   ("Message", "string", ".message")],
     }.items()
 }  # fmt: skip
+
+
+def write_kubeconfig(path: Path, url: str) -> Path:
+    """A kubeconfig for this API at `url` (kubectl, clients, an operator process), namespace default."""
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "gemma-dev",
+        "clusters": [{"name": "gemma-dev", "cluster": {"server": url.rstrip("/")}}],
+        "contexts": [{"name": "gemma-dev", "context": {"cluster": "gemma-dev", "user": "dev", "namespace": "default"}}],
+        "users": [{"name": "dev", "user": {"token": "dev"}}],
+    }))  # fmt: skip
+    return path
 
 
 class Call(NamedTuple):

@@ -28,7 +28,7 @@ import yaml
 
 from gemma_operator import api, runner
 from gemma_operator.devcluster.agent import NodeAgent
-from gemma_operator.devcluster.apiserver import ApiServer
+from gemma_operator.devcluster.apiserver import ApiServer, write_kubeconfig
 from gemma_operator.devcluster.display import Table
 from gemma_operator.devcluster.kubelet import HOST_PORT_ANNOTATION, Node
 from gemma_operator.devcluster.processes import port_in_use
@@ -74,16 +74,6 @@ def _make_data(data: Path) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise DevError(f"making the tiny model failed:\n{done.stderr[-2000:]}")
-
-
-def _kubeconfig(path: Path, url: str) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "gemma-dev",
-        "clusters": [{"name": "gemma-dev", "cluster": {"server": url}}],
-        "contexts": [{"name": "gemma-dev", "context": {"cluster": "gemma-dev", "user": "dev", "namespace": "default"}}],
-        "users": [{"name": "dev", "user": {"token": "dev"}}],
-    }))  # fmt: skip
-    return path
 
 
 def _ask(port: int, model: str, question: str) -> str:
@@ -162,7 +152,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event, own_signals: bool =
                 return out
             _summary(out, url)
             if args.keep_running and not stop.is_set():
-                config = _kubeconfig(workdir / "kubeconfig", url)
+                config = write_kubeconfig(workdir / "kubeconfig", url)
                 print(f"\nthe cluster keeps running (Ctrl-C stops it):\n  export KUBECONFIG={config}\n  kubectl get gft,gsv"
                       + (f"\n  curl {out.endpoint}/models" if out.endpoint else ""), flush=True)  # fmt: skip
                 await stop.wait()
