@@ -121,7 +121,7 @@ def run_in_memory(base: Path, ckpt: Path, out: Path) -> None:
     for name in sorted(set(index["weight_map"].values())):
         state.update(load_file(base / name))
     lora = lora_checkpoint.locate(str(ckpt), None, None)
-    deltas = lora_mapping.deltas(lora_checkpoint.restore_params(lora), lora.lora.rank, lora.lora.alpha)
+    deltas = lora_mapping.deltas(lora_checkpoint.restore_params(lora), lora.lora)
     keys = lora_mapping.decoder_names(list(state))
     for rel, delta in deltas.items():
         full = np.empty(delta.shape, np.float32)

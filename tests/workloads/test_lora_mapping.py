@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from gemma_workloads import lora_mapping, tiny
+from gemma_workloads.config import LoraConfig
 
 N, K, H, D, F, R = 4, 2, 8, 24, 40, 3  # heads, kv heads, head dim, embed, mlp, rank
 SCALE = 2.0
@@ -15,7 +16,7 @@ def ab(a_shape, b_shape):
 
 
 def hf_delta(tree, name) -> np.ndarray:
-    delta = lora_mapping.deltas(tree, R, R * SCALE)[name]
+    delta = lora_mapping.deltas(tree, LoraConfig(rank=R, alpha=R * SCALE))[name]
     out = np.empty(delta.shape, np.float32)
     delta.factors().rows(0, delta.shape[0], out)
     return out
@@ -49,7 +50,7 @@ def test_kv_einsum_splits_into_k_and_v():
 def test_k_einsum_of_global_layers_is_k_proj_only():
     a, b = ab((D, R), (R, K, H))
     hf = (np.einsum("dr,rkh->kdh", a, b) * SCALE).transpose(0, 2, 1).reshape(K * H, D)
-    deltas = lora_mapping.deltas(lora("k_einsum", "attn", a, b, layer=5), R, R * SCALE)
+    deltas = lora_mapping.deltas(lora("k_einsum", "attn", a, b, layer=5), LoraConfig(rank=R, alpha=R * SCALE))
     assert list(deltas) == ["layers.5.self_attn.k_proj.weight"]
     close(hf_delta(lora("k_einsum", "attn", a, b, 5), "layers.5.self_attn.k_proj.weight"), hf)
 
@@ -70,7 +71,7 @@ def test_mlp_kernels_are_transposed(module, din, dout):
 
 def test_rows_in_blocks_equal_the_whole():
     a, b = ab((D, R), (R, F))
-    factors = lora_mapping.deltas(lora("up_proj", "mlp", a, b), R, R * SCALE)["layers.0.mlp.up_proj.weight"].factors()
+    factors = lora_mapping.deltas(lora("up_proj", "mlp", a, b), LoraConfig(rank=R, alpha=R * SCALE))["layers.0.mlp.up_proj.weight"].factors()
     whole, part = np.empty((F, D), np.float32), np.empty((7, D), np.float32)
     factors.rows(0, F, whole)
     factors.rows(10, 17, part)
@@ -93,7 +94,7 @@ def test_every_module_of_a_real_gemma4_lora_maps(lora_run):
             for i, parts in state["layers"].items() for part, modules in parts.items() for module, params in modules.items()}  # fmt: skip
     assert real == tiny.lora_shapes(tiny.TinyConfig(), 4)
     shapes = tiny.TinyConfig().tensor_shapes(prefix="")
-    for name, delta in lora_mapping.deltas(state, 4, 8.0).items():
+    for name, delta in lora_mapping.deltas(state, LoraConfig(rank=4, alpha=8.0)).items():
         assert delta.shape == shapes[name], name
 
 
@@ -108,7 +109,7 @@ def test_every_module_of_a_real_gemma4_lora_maps(lora_run):
 )
 def test_unmappable_parameters_are_named(tree, message):
     with pytest.raises(lora_mapping.LoraMappingError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
-        lora_mapping.deltas(tree, R, R * SCALE)
+        lora_mapping.deltas(tree, LoraConfig(rank=R, alpha=R * SCALE))
 
 
 def test_decoder_names_take_both_key_layouts():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from gemma_workloads import merge, tiny
+from gemma_workloads import merge, merge_output, tiny
 from gemma_workloads.config import EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_OK, MergeConfig
 
 
@@ -78,7 +78,7 @@ def test_output_is_a_complete_hf_model_directory(merged_fp32, tiny_sharded, lora
     assert set(index["weight_map"]) == set(tiny_sharded.config.tensor_shapes())
     for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         assert (out / name).read_bytes() == (tiny_sharded.path / name).read_bytes(), name
-    manifest = json.loads((out / merge.MANIFEST).read_text())
+    manifest = json.loads((out / merge_output.MANIFEST).read_text())
     assert manifest["step"] == 2 and manifest["lora"]["rank"] == 4 and len(manifest["merged"]) == 13
     for name in shards:
         record = manifest["files"][name]
@@ -90,7 +90,7 @@ def test_output_is_a_complete_hf_model_directory(merged_fp32, tiny_sharded, lora
 
 def test_tensors_without_lora_are_copied_bit_for_bit(merged_fp32, tiny_sharded):
     base, out = tensors(tiny_sharded.path), tensors(merged_fp32[0])
-    merged = set(json.loads((merged_fp32[0] / merge.MANIFEST).read_text())["merged"])
+    merged = set(json.loads((merged_fp32[0] / merge_output.MANIFEST).read_text())["merged"])
     for name, value in base.items():
         if name not in merged:
             assert out[name].tobytes() == value.tobytes(), name
@@ -250,8 +250,8 @@ def test_lora_settings_come_from_the_config_without_lora_json(tiny_sharded, lora
     assert code == EXIT_INVALID_INPUT and "lora.json not found: set lora (rank, alpha, target_modules)" in result["error"]
     code, result = run_merge(tmp_path, output_dir=str(tmp_path / "b"), lora={"rank": 4, "alpha": 8.0}, **common)
     assert code == EXIT_OK, result
-    ours = json.loads((tmp_path / "b" / merge.MANIFEST).read_text())["files"]
-    assert ours == json.loads((merged_fp32[0] / merge.MANIFEST).read_text())["files"]
+    ours = json.loads((tmp_path / "b" / merge_output.MANIFEST).read_text())["files"]
+    assert ours == json.loads((merged_fp32[0] / merge_output.MANIFEST).read_text())["files"]
 
 
 def test_lora_of_another_model_size_is_named(tiny_sharded, tmp_path):
@@ -271,7 +271,7 @@ def test_step_selection(tiny_sharded, lora_run, tmp_path):
     (ckpt / "4" / "_CHECKPOINT_METADATA").unlink()  # a step copied in part
     from gemma_workloads import lora_checkpoint
 
-    assert lora_checkpoint.complete_steps(str(ckpt)) == [1, 2]
+    assert list(lora_checkpoint.complete_steps(str(ckpt))) == [1, 2]
     assert lora_checkpoint.locate(str(ckpt), None, None).step == 2
     code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(ckpt), step=4,
                              output_dir=str(tmp_path / "out"))  # fmt: skip
@@ -341,11 +341,11 @@ def test_killed_merge_resumes_with_only_the_missing_shards(tmp_path):
 
     code, result = run_merge(tmp_path, output_dir=str(out), **{k: v for k, v in common.items() if k != "termination_log"})
     assert code == EXIT_OK, result
-    manifest = json.loads((out / merge.MANIFEST).read_text())
+    manifest = json.loads((out / merge_output.MANIFEST).read_text())
     total = sum(r["bytes"] for r in manifest["files"].values())
     redone = total - sum(manifest["files"][n]["bytes"] for n in finished)
     assert result["bytes_written"] == redone < total
     code, _ = run_merge(tmp_path, output_dir=str(tmp_path / "fresh"), **{k: v for k, v in common.items() if k != "termination_log"})
     assert code == EXIT_OK
-    fresh = json.loads((tmp_path / "fresh" / merge.MANIFEST).read_text())
+    fresh = json.loads((tmp_path / "fresh" / merge_output.MANIFEST).read_text())
     assert fresh["files"] == manifest["files"], "a resumed merge must equal an uninterrupted one, byte for byte"

@@ -70,6 +70,7 @@ def test_headers_of_library_written_files_are_read(tmp_path):
     save_file(tensors, tmp_path / "lib.safetensors")
     infos = sio.read_header(str(tmp_path / "lib.safetensors"))
     raw = (tmp_path / "lib.safetensors").read_bytes()
+    assert sorted(i.name for i in infos) == sorted(tensors), "every tensor, once"
     for info in infos:
         value = tensors[info.name]
         assert (info.dtype, info.shape) == ({np.dtype(np.float32): "F32", np.dtype(np.int64): "I64", np.dtype(np.float16): "F16",

@@ -43,25 +43,26 @@ def _manager(checkpoint_dir: str) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(
         checkpoint_dir,
         item_handlers={ITEM: ocp.PyTreeCheckpointHandler()},
-        options=ocp.CheckpointManagerOptions(read_only=True),
+        options=ocp.CheckpointManagerOptions(read_only=True, lightweight_initialize=True),  # steps read on demand
     )
 
 
-def complete_steps(checkpoint_dir: str) -> list[int]:
+def complete_steps(checkpoint_dir: str) -> dict[int, str]:
     """Steps Orbax lists as final (it skips its temporary folders) whose commit is recorded and
-    whose `model_params` exist: a folder copied in part, or from an aborted save, is skipped."""
-    manager = _manager(checkpoint_dir)
+    whose `model_params` exist, with that Orbax metadata: a folder copied in part, or from an
+    aborted save, is skipped."""
     root = epath.Path(checkpoint_dir)
-    steps = []
-    for step in manager.all_steps():
+    steps = {}
+    for step in _manager(checkpoint_dir).all_steps():
         folder = root / str(step)
         try:
-            committed = "commit_timestamp_nsecs" in json.loads((folder / STEP_METADATA).read_text())
+            metadata = (folder / STEP_METADATA).read_text()
+            committed = "commit_timestamp_nsecs" in json.loads(metadata)
         except (OSError, ValueError):
             committed = False
         if committed and (folder / ITEM).exists():
-            steps.append(step)
-    return sorted(steps)
+            steps[step] = metadata
+    return dict(sorted(steps.items()))
 
 
 def resolve_lora(checkpoint_dir: str, override: LoraConfig | None) -> LoraConfig:
@@ -83,12 +84,11 @@ def locate(checkpoint_dir: str, step: int | None, override: LoraConfig | None) -
     if step is None:
         if not steps:
             raise LoraCheckpointError(f"{checkpoint_dir}: no complete checkpoint step")
-        step = steps[-1]
+        step = max(steps)
     elif step not in steps:
-        raise LoraCheckpointError(f"{checkpoint_dir}: step {step} is not a complete checkpoint (complete: {steps})")
+        raise LoraCheckpointError(f"{checkpoint_dir}: step {step} is not a complete checkpoint (complete: {list(steps)})")
     folder = epath.Path(checkpoint_dir) / str(step)
-    lora = resolve_lora(checkpoint_dir, override)
-    return LoraCheckpoint(checkpoint_dir, str(folder), step, lora, (folder / STEP_METADATA).read_text())
+    return LoraCheckpoint(checkpoint_dir, str(folder), step, resolve_lora(checkpoint_dir, override), steps[step])
 
 
 def restore_params(ckpt: LoraCheckpoint) -> dict[str, Any]:

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from gemma_workloads.config import LoraConfig
+
 # Tunix module -> (HF tensor under `layers.<i>.`, index on kv_einsum's K/V axis or None).
 HF_TENSORS: dict[str, tuple[tuple[str, int | None], ...]] = {
     "q_einsum": (("self_attn.q_proj.weight", None),),
@@ -87,8 +89,9 @@ def _leaves(tree: Any, path: tuple[str, ...] = ()):
         yield path, tree
 
 
-def deltas(tree: dict[str, Any], rank: int, alpha: float) -> dict[str, Delta]:
+def deltas(tree: dict[str, Any], lora: LoraConfig) -> dict[str, Delta]:
     """Decoder-relative HF tensor name (`layers.3.self_attn.q_proj.weight`) -> its delta."""
+    rank = lora.rank
     out: dict[str, Delta] = {}
     for (layer, module), ab in sorted(lora_modules(tree).items()):
         source = f"layers/{layer}/{module}"
@@ -100,7 +103,7 @@ def deltas(tree: dict[str, Any], rank: int, alpha: float) -> dict[str, Delta]:
             if kv is not None and (b.ndim != 4 or b.shape[1] != 2):
                 raise LoraMappingError(f"LoRA {source}: B {b.shape} is not (rank, 2, heads, head_dim)")
             b2 = (b if kv is None else b[:, kv]).reshape(rank, -1)
-            out[f"layers.{layer}.{suffix}"] = Delta(a2, b2, alpha / rank, source)
+            out[f"layers.{layer}.{suffix}"] = Delta(a2, b2, lora.scale, source)
     return out
 
 

@@ -11,6 +11,7 @@ inputs is left as it is. Nothing is ever written to the base model or the checkp
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import logging
@@ -56,7 +57,6 @@ from gemma_workloads.shard_pipeline import (
 )
 from gemma_workloads.sources import ModelSourceError, resolve_model
 
-MANIFEST = merge_output.MANIFEST
 _HEADER_METADATA = {"format": "pt"}  # transformers refuses safetensors without it
 
 log = logging.getLogger("gemma_workloads.merge")
@@ -94,12 +94,17 @@ class OutShard:
     name: str
     items: list[Item]
 
+    @functools.cached_property
     def header(self) -> bytes:
         return header_bytes([(i.info.name, i.dtype, i.info.shape) for i in self.items], _HEADER_METADATA)
 
     @property
+    def data_bytes(self) -> int:
+        return sum(i.nbytes for i in self.items)
+
+    @property
     def file_bytes(self) -> int:
-        return len(self.header()) + sum(i.nbytes for i in self.items)
+        return len(self.header) + self.data_bytes
 
 
 # ---------------------------------------------------------------------------- plan
@@ -179,8 +184,7 @@ def write_shard(staging: Path, shard: OutShard, pipeline: Pipeline) -> dict:
             else:
                 yield from merge_blocks(pipeline.reader, item.info, item.delta.factors(), item.dtype, pipeline.buffers)
 
-    data_bytes = sum(i.nbytes for i in shard.items)
-    sha256 = write_shard_file(merge_output.shard_tmp(staging, shard.name), shard.header(), blocks(), data_bytes, pipeline)
+    sha256 = write_shard_file(merge_output.shard_tmp(staging, shard.name), shard.header, blocks(), shard.data_bytes, pipeline)
     return merge_output.record_shard(staging, shard.name, shard.file_bytes, sha256)
 
 
@@ -204,7 +208,7 @@ def merge(config: MergeConfig) -> MergeResult:
         merge_output.finish(staging, output)  # a previous run stopped between its manifest and its rename
         return _result(output, staged, 0, started)
 
-    deltas = lora_mapping.deltas(lora_checkpoint.restore_params(ckpt), ckpt.lora.rank, ckpt.lora.alpha)
+    deltas = lora_mapping.deltas(lora_checkpoint.restore_params(ckpt), ckpt.lora)
     check_targets(deltas, ckpt.lora.target_modules)
     shards = plan(base, merge_targets(base, deltas), config.dtype, config.shard_size_bytes)
     merge_output.prepare_staging(staging, inputs)
@@ -237,7 +241,7 @@ def merge(config: MergeConfig) -> MergeResult:
         "copied_files": merge_output.copy_model_files(config.base_model_path, staging),
     }
     weight_map = {i.info.name: s.name for s in shards for i in s.items}
-    total_size = sum(i.nbytes for s in shards for i in s.items)
+    total_size = sum(s.data_bytes for s in shards)
     merge_output.publish(staging, output, weight_map, total_size, {n: records[n] for n in sorted(records)}, manifest)
     return _result(output, manifest, sum(records[s.name]["bytes"] for s in todo), started)
 

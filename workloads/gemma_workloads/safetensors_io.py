@@ -99,7 +99,6 @@ class BaseCheckpoint:
     """The weights of an HF model directory: its shard files and every tensor, in storage order."""
 
     path: str
-    files: list[str]
     tensors: list[TensorInfo]
 
 
@@ -127,7 +126,7 @@ def open_checkpoint(path: str) -> BaseCheckpoint:
     for name, file in weight_map.items():
         if where.get(name) != file:
             raise CheckpointError(f"{path}: {INDEX} puts tensor {name} in {file}, but that shard does not hold it")
-    return BaseCheckpoint(path, files, tensors)
+    return BaseCheckpoint(path, tensors)
 
 
 class Reader:

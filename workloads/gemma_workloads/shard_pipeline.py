@@ -96,10 +96,9 @@ def merge_blocks(reader: Reader, info: TensorInfo, delta: RowDelta, out_dtype: s
         raw, buf = np.frombuffer(view, in_dtype).reshape(shape), buffers.take()
 
         def make(raw: np.ndarray = raw, buf: bytearray = buf, start: int = start, stop: int = stop) -> Chunk:
-            acc, step = _scratch(raw.shape, "acc"), _scratch(raw.shape, "step")
-            acc[...] = raw
-            delta.rows(start, stop, step)
-            acc += step
+            acc = _scratch(raw.shape)
+            delta.rows(start, stop, acc)
+            acc += raw
             out = np.frombuffer(buf, out_np, acc.size).reshape(acc.shape)
             np.copyto(out, acc, casting="unsafe")
             return memoryview(buf)[: out.nbytes], buf
@@ -176,12 +175,12 @@ def _put(queue: Queue, item: Future | None, hashed: Future, stop: threading.Even
 _local = threading.local()
 
 
-def _scratch(shape: tuple[int, int], role: str) -> np.ndarray:
+def _scratch(shape: tuple[int, int]) -> np.ndarray:
     """A float32 buffer of this thread's, reused across blocks like `Buffers`."""
     size = math.prod(shape)
-    buf = _local.__dict__.get(role)
+    buf = getattr(_local, "buf", None)
     if buf is None or buf.size < size:
-        buf = _local.__dict__[role] = np.empty(max(size, BLOCK_BYTES // 2), np.float32)
+        buf = _local.buf = np.empty(max(size, BLOCK_BYTES // 2), np.float32)
     return buf[:size].reshape(shape)
 
 
