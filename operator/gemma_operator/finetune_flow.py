@@ -90,7 +90,8 @@ def _training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
             st.update(attempt=attempt, restarts=restarts)
             d.events.append(("Warning", "TrainingRecreated", f"{name} disappeared; attempt {attempt} resumes from the latest checkpoint"))
             name, _ = training.names(p, attempt)
-        d.create += _training_objects(v, settings, attempt, int(st.get("restarts") or 0))
+        budget = max(0, p.spec.backoff_limit - int(st.get("restarts") or 0))  # what earlier attempts left
+        d.create += training_objects(p, settings, v.owner, attempt, budget)
         st.setdefault("children", {}).update(configMap=name, training=name)
         st["phase"] = "Suspended" if p.spec.suspend else "Pending"
         st["message"] = "suspended" if p.spec.suspend else f"created {name}"
@@ -103,7 +104,7 @@ def _training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
     if outcome.state in ("Pending", "Running", "Suspended") and asked != wish:
         d.patch.append((wl["kind"], wl["metadata"]["name"], {
             "spec": {"suspend": p.spec.suspend}, "metadata": {"annotations": {training.SUSPEND_ANNOTATION: wish}}}))  # fmt: skip
-    budget_left = _budget(wl)
+    budget_left = training.restart_budget(wl)
     st["restarts"] = max(int(st.get("restarts") or 0), p.spec.backoff_limit - budget_left + outcome.restarts)
     st["preemptions"] = max(int(st.get("preemptions") or 0), outcome.preemptions,
                             sum(failure_policy.is_preemption(pod) for pod in v.training_pods))  # fmt: skip
@@ -163,25 +164,6 @@ def _start_merge(v: FineTuneView, d: Decision, settings: OperatorSettings, step:
     d.create += merge_objects(p, settings, v.owner, step)
     st.setdefault("children", {})["merge"] = merge.name(p)
     st.update(phase="Merging", message=f"merging the adapter into {p.merged_dir}")
-
-
-def _training_objects(v: FineTuneView, settings: OperatorSettings, attempt: int, restarts: int) -> list[dict]:
-    """The attempt's ConfigMap and workload, its retry budget reduced by what earlier attempts used."""
-    objs = training_objects(v.plan, settings, v.owner, attempt)
-    wl = objs[-1]
-    left = max(0, v.plan.spec.backoff_limit - restarts)
-    if wl["kind"] == "Job":
-        wl["spec"]["backoffLimit"] = left
-    else:
-        wl["spec"]["failurePolicy"]["maxRestarts"] = left
-    return objs
-
-
-def _budget(wl: dict) -> int:
-    spec = wl.get("spec") or {}
-    if wl.get("kind") == "JobSet":
-        return int((spec.get("failurePolicy") or {}).get("maxRestarts") or 0)
-    return int(spec.get("backoffLimit") or 0)
 
 
 def _account(v: FineTuneView, st: dict, outcome: failure_policy.Outcome) -> None:

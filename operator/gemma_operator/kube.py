@@ -25,7 +25,6 @@ class KindInfo:
     api_version: str
     plural: str
     verbs: frozenset[str]
-    namespaced: bool = True
 
     @property
     def group(self) -> str:

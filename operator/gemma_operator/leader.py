@@ -30,7 +30,6 @@ log = logging.getLogger("gemma_operator.leader")
 LEASE_SECONDS = 15  # a silent leader is replaced after this long
 RENEW_DEADLINE_SECONDS = 10  # a leader that could not renew for this long steps down
 RETRY_SECONDS = 2
-VERBS = ("get", "create", "patch")  # the Role's, on leases
 
 
 def _now() -> str:

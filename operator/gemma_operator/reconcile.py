@@ -18,7 +18,7 @@ import kopf
 
 from gemma_operator import api, failure_policy, finetune_flow, metrics, serve_flow
 from gemma_operator.children import common, merge, serving, training
-from gemma_operator.kube import ApiError, Kube
+from gemma_operator.kube import KINDS, ApiError, Kube
 from gemma_operator.lifecycle import Decision
 from gemma_operator.plan import SpecError, plan_finetune, plan_serve
 from gemma_operator.settings import OperatorSettings
@@ -108,12 +108,14 @@ class Controller:
         same_run = status.get("run") == plan.run
         attempt = int(status.get("attempt") or 1) if same_run else 1
         wl_name, _ = training.names(plan, attempt)
-        view.training = await self.kube.get(kind, namespace, wl_name)
-        if view.training is not None:
-            view.training_pods = await self._pods(kind, namespace, wl_name)
-            if failure_policy.outcome(view.training).state == "Running":
-                view.progress = await self._progress(view.training_pods)
-        if same_run and status.get("phase") in ("Merging", "Succeeded"):
+        trained = same_run and status.get("phase") in ("Merging", "Succeeded")
+        if not trained:  # once trained, the lifecycle reads the merge, not the training workload
+            view.training = await self.kube.get(kind, namespace, wl_name)
+            if view.training is not None:
+                view.training_pods = await self._pods(kind, namespace, wl_name)
+                if failure_policy.outcome(view.training).state == "Running":
+                    view.progress = await self._progress(view.training_pods)
+        else:
             view.merge = await self.kube.get("Job", namespace, merge.name(plan))
             if view.merge is not None:
                 view.merge_pods = await self._pods("Job", namespace, merge.name(plan))
@@ -122,15 +124,6 @@ class Controller:
             for stale_kind in ("Job", "JobSet"):
                 view.stale += [{**w, "kind": stale_kind} for w in await self._list_or_empty(stale_kind, namespace, selector)]
         return view
-
-    async def _get_or_none(self, kind: str, namespace: str, name: str) -> dict | None:
-        """GET, treating a kind the cluster does not serve (no LWS or Prometheus CRDs) as absent."""
-        try:
-            return await self.kube.get(kind, namespace, name)
-        except ApiError as e:
-            if e.status == 404:
-                return None
-            raise
 
     async def _list_or_empty(self, kind: str, namespace: str, selector: str) -> list[dict]:
         try:
@@ -161,7 +154,7 @@ class Controller:
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
         meta, status, spec = body["metadata"], body.get("status") or {}, body.get("spec") or {}
-        ref = ((spec.get("model") or {}).get("fineTuneRef") or {}).get("name")
+        ref = _fine_tune_ref(spec)
         fine_tune = await self.kube.get(api.FINETUNE.kind, namespace, ref) if ref else None
         model_uri = serve_flow.resolve_model(ref, fine_tune, status)
         ft_preset = ((fine_tune or {}).get("spec") or {}).get("model", {}).get("preset") or (fine_tune or {}).get("status", {}).get("model")
@@ -176,7 +169,7 @@ class Controller:
         if plan is not None and plan.model_uri:
             wanted = "LeaderWorkerSet" if plan.multi_host else "Deployment"
             for kind in SERVING_KINDS:
-                obj = await self._get_or_none(kind, namespace, serving.name(plan))
+                obj = await self.kube.get(kind, namespace, serving.name(plan))
                 if obj is not None and kind == wanted:
                     view.workload = obj
                 elif obj is not None:
@@ -245,7 +238,7 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
 
     @kopf.index(api.GROUP, api.VERSION, api.SERVE.plural, id="serves_by_fine_tune", registry=registry)
     def serves_by_fine_tune(spec: kopf.Spec, name: str, namespace: str, **_: Any) -> dict | None:
-        ref = ((spec.get("model") or {}).get("fineTuneRef") or {}).get("name")
+        ref = _fine_tune_ref(spec)
         return {(namespace, ref): name} if ref else None
 
     @kopf.on.event(api.GROUP, api.VERSION, api.FINETUNE.plural, registry=registry)
@@ -269,9 +262,9 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
         if owner:
             await controller.reconcile(owner[0], namespace, owner[1])
 
-    for group, version, plural in (("batch", "v1", "jobs"), ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
-                                   ("apps", "v1", "deployments"), ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")):  # fmt: skip
-        kopf.on.event(group, version, plural, labels=managed, id=f"child-{plural}", registry=registry)(child_event)
+    for kind in ("Job", "JobSet", "Deployment", "LeaderWorkerSet"):
+        group, _, version = KINDS[kind].api_version.rpartition("/")
+        kopf.on.event(group, version, KINDS[kind].plural, labels=managed, id=f"child-{KINDS[kind].plural}", registry=registry)(child_event)
 
     @kopf.on.startup(registry=registry)
     async def start_poller(memo: kopf.Memo, **_: Any) -> None:
@@ -287,3 +280,8 @@ def _observed(body: dict, kind: api.Kind) -> dict[str, Any]:
     meta = body["metadata"]
     return dict(name=meta["name"], namespace=meta["namespace"], generation=int(meta.get("generation") or 1),
                 status=body.get("status") or {}, owner=common.owner_reference(kind, meta["name"], meta["uid"]), now=now())  # fmt: skip
+
+
+def _fine_tune_ref(spec: dict) -> str | None:
+    """The GemmaFineTune a GemmaServe spec serves, if any."""
+    return ((spec.get("model") or {}).get("fineTuneRef") or {}).get("name")

@@ -15,6 +15,7 @@ from gemma_operator.children import serving, serving_objects
 from gemma_operator.lifecycle import Decision, ResourceView, decide_with, set_cond
 from gemma_operator.plan import ServePlan
 from gemma_operator.settings import OperatorSettings
+from gemma_operator.status import condition
 
 
 @dataclass
@@ -78,7 +79,7 @@ def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
     template_rev = (serving.pod_template(wl).get("metadata") or {}).get("annotations", {}).get(serving.REVISION_ANNOTATION)
     observed = wl["kind"] != "Deployment" or int(ws.get("observedGeneration") or 0) >= int(wl["metadata"].get("generation") or 1)
     current = template_rev == p.revision and observed
-    progressing = next((c for c in ws.get("conditions") or [] if c.get("type") == "Progressing"), {})
+    progressing = condition(ws.get("conditions"), "Progressing") or {}
     _cond(v, st, "Available", ready > 0, "MinimumReplicasAvailable" if ready else "NoReplicaReady", f"{ready}/{replicas} ready")
     if current and progressing.get("status") == "False" and progressing.get("reason") == "ProgressDeadlineExceeded":
         why = _pod_problem(v.pods) or progressing.get("message", "")

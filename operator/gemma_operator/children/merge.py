@@ -8,8 +8,8 @@ from typing import Any
 
 from gemma_operator import api
 from gemma_operator.children import common
-from gemma_operator.children.model_delivery import GCSFUSE_DRIVER
-from gemma_operator.plan import CONFIG_DIR, GCS_MOUNT_ROOT, MERGE_CONFIG_FILE, FineTunePlan
+from gemma_operator.children.model_delivery import fuse_volume, split_gcs
+from gemma_operator.plan import CONFIG_DIR, MERGE_CONFIG_FILE, FineTunePlan, fuse_path
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import EXIT_INVALID_INPUT
 
@@ -35,10 +35,9 @@ def _output_mount(plan: FineTunePlan) -> tuple[list[dict], list[dict], dict[str,
     """A gs:// output bucket, mounted read-write with Cloud Storage FUSE where MergeConfig expects it."""
     if not plan.merged_dir.startswith("gs://"):
         return [], [], {}
-    bucket = plan.merged_dir.removeprefix("gs://").split("/", 1)[0]
-    volume = {"name": "output", "csi": {"driver": GCSFUSE_DRIVER, "readOnly": False,
-                                        "volumeAttributes": {"bucketName": bucket, "mountOptions": "implicit-dirs"}}}  # fmt: skip
-    mount = {"name": "output", "mountPath": f"{GCS_MOUNT_ROOT}/{bucket}"}
+    bucket = f"gs://{split_gcs(plan.merged_dir)[0]}"
+    volume = fuse_volume("output", bucket, read_only=False, extra_options=[], attributes={})
+    mount = {"name": "output", "mountPath": fuse_path(bucket)}
     return [volume], [mount], {"gke-gcsfuse/volumes": "true"}
 
 

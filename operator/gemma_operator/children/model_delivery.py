@@ -41,7 +41,7 @@ def split_gcs(uri: str) -> tuple[str, str]:
     return bucket, path.strip("/")
 
 
-def _fuse_volume(name: str, uri: str, read_only: bool, extra_options: list[str], attributes: dict[str, str]) -> dict:
+def fuse_volume(name: str, uri: str, read_only: bool, extra_options: list[str], attributes: dict[str, str]) -> dict:
     bucket, path = split_gcs(uri)
     options = ["implicit-dirs", *([f"only-dir={path}"] if path else []), *extra_options]
     return {
@@ -85,7 +85,7 @@ def delivery(plan: ServePlan) -> Delivery:
             "metadataTypeCacheCapacity": "-1",
             "metadataCacheTTLSeconds": "-1",  # a merged output never changes in place
         }
-        volume = _fuse_volume("model", uri, True, list(g.mount_options), attributes)
+        volume = fuse_volume("model", uri, True, list(g.mount_options), attributes)
         cache = {"name": FUSE_CACHE_VOLUME, "emptyDir": {"medium": "Memory"} if g.cache_medium == "Memory" else {}}
         out = Delivery(MODEL_MOUNT, [volume, cache], [{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}],
                        annotations=_fuse_annotations(plan))  # fmt: skip
@@ -95,7 +95,7 @@ def delivery(plan: ServePlan) -> Delivery:
     cc = plan.spec.compilation_cache
     if cc is not None:
         if cc.uri:
-            out.volumes.append(_fuse_volume("xla-cache", cc.uri, False, [], {}))
+            out.volumes.append(fuse_volume("xla-cache", cc.uri, False, [], {}))
             out.annotations.update(_fuse_annotations(plan))
         else:
             out.volumes.append({"name": "xla-cache", "persistentVolumeClaim": {"claimName": cc.pvc}})

@@ -86,8 +86,11 @@ def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name
     return {"metadata": {"labels": _labels(plan)}, "spec": spec}
 
 
-def workload(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None, attempt: int = 1) -> dict[str, Any]:
-    """The Job (single host) or JobSet (multi-host) that trains."""
+def workload(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None, attempt: int = 1,
+             budget: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """The Job (single host) or JobSet (multi-host) that trains, allowed `budget` restarts
+    (default: the spec's backoffLimit; later attempts get what earlier ones left)."""
+    budget = plan.spec.backoff_limit if budget is None else budget
     name, cm_name = names(plan, attempt)
     meta = common.metadata(name, plan.namespace, _labels(plan), owner)
     meta["annotations"] = {SUSPEND_ANNOTATION: str(plan.spec.suspend).lower()}
@@ -100,7 +103,7 @@ def workload(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None,
             "kind": "Job",
             "metadata": meta,
             "spec": {
-                "backoffLimit": plan.spec.backoff_limit,
+                "backoffLimit": budget,
                 "podFailurePolicy": failure_policy.job_pod_failure_policy(CONTAINER),
                 "suspend": plan.spec.suspend,
                 "template": template,
@@ -114,7 +117,7 @@ def workload(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None,
         "metadata": meta,
         "spec": {
             "suspend": plan.spec.suspend,
-            "failurePolicy": failure_policy.jobset_failure_policy(plan.spec.backoff_limit),
+            "failurePolicy": failure_policy.jobset_failure_policy(budget),
             "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
             "replicatedJobs": [
                 {
@@ -134,3 +137,11 @@ def workload(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None,
             ],
         },
     }
+
+
+def restart_budget(workload: dict) -> int:
+    """The restarts a training Job or JobSet was allowed (what `workload` set)."""
+    spec = workload.get("spec") or {}
+    if workload.get("kind") == "JobSet":
+        return int((spec.get("failurePolicy") or {}).get("maxRestarts") or 0)
+    return int(spec.get("backoffLimit") or 0)
