@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 from tunix.models.gemma4 import model as gemma4
 
-from gemma_workloads import batches, lora, mesh, metrics, model, tiny, train
+from gemma_workloads import batches, mesh, model, tiny, train
 from gemma_workloads.config import DatasetConfig, LoraConfig, TrainConfig
 from gemma_workloads.preemption import Preemption
 
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace, cfg: gemma4.ModelConfig, out: str) -> None:
     print(f"batch       {args.micro_batch} x {args.seq} tokens x {args.accumulation} micro-batches")
     print(f"step time   {tokens_per_step / rate:.3f} s (median of {len(timed)} steps)")
     print(f"tokens/s    {rate:.1f}")
-    print(f"FLOPs/token {metrics.flops_per_token(cfg, args.seq, lora.lora_parameter_count(lora_model)) / 1e9:.3f} G")
+    print(f"FLOPs/token {reporter.flops_per_token / 1e9:.3f} G")
     mfu = statistics.median(p.mfu for p in timed) if timed[0].mfu is not None else None
     print(f"MFU         {'%.2f %%' % (100 * mfu) if mfu is not None else 'n/a (no peak known: pass --peak-tflops)'}")
 

@@ -56,7 +56,8 @@ def test_chat_template_is_rendered_and_every_assistant_turn_trained(tmp_path, co
 @pytest.mark.parametrize(
     "fmt,lines,message",
     [
-        ("chat", ['{"messages": []}', '{"messages": [{"role": "user", "content": "hi"}'], r"d\.jsonl:2: invalid JSON"),
+        ("chat", ['{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}',
+                  '{"messages": [{"role": "user", "content": "hi"}'], r"d\.jsonl:2: invalid JSON"),
         ("chat", ['{"msgs": [{"role": "user", "content": "hi"}]}'],
          r"d\.jsonl:1: format 'chat' needs field\(s\) \['messages'\]; missing \['messages'\], found \['msgs'\]"),
         ("prompt-completion", ['{"prompt": "a", "response": "b"}'], r"d\.jsonl:1: .*missing \['completion'\], found \['prompt', 'response'\]"),
@@ -68,8 +69,6 @@ def test_chat_template_is_rendered_and_every_assistant_turn_trained(tmp_path, co
     ],
 )
 def test_a_bad_line_fails_with_file_line_and_problem(tmp_path, codec, fmt, lines, message):
-    if fmt == "chat" and "invalid JSON" in message:
-        lines = ['{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}', lines[1]]
     path = write_lines(tmp_path / "d.jsonl", lines)
     with pytest.raises(DataError, match=message):
         read_examples(DatasetConfig(path=path, format=fmt), codec)

@@ -2,6 +2,7 @@
 preemption and resume, the sharded mesh, and bad inputs."""
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -13,17 +14,16 @@ from pathlib import Path
 import jax
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
-from gemma_workloads import batches, checkpoints, lora, mesh, tiny, train
+from gemma_workloads import batches, checkpoints, lora, lora_checkpoint, mesh, metrics, tiny, train
 from gemma_workloads.config import (
     EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_OK, EXIT_PREEMPTED, LORA_METADATA, DatasetConfig, LoraMetadata, Progress, TrainConfig,
     TrainResult,
 )
 from gemma_workloads.data import TextCodec, read_examples
-from gemma_workloads.model import load_model, set_remat
+from gemma_workloads.model import load_model, read_hf_config, set_remat, tunix_config
 
 FORMATS = ("chat", "prompt-completion", "text")
 STEPS, EVERY = 30, 5
@@ -51,14 +51,9 @@ def elsewhere(config: TrainConfig, tmp: Path, **changes) -> TrainConfig:
 
 
 def lora_params(checkpoint_dir: str, step: int) -> dict[str, np.ndarray]:
-    """`model_params` of a step, restored as the merge reads it: host arrays, no model."""
-    manager = ocp.CheckpointManager(checkpoint_dir, item_handlers={"model_params": ocp.PyTreeCheckpointHandler()},
-                                    options=ocp.CheckpointManagerOptions(read_only=True))
-    tree = manager.item_metadata(step)["model_params"].tree
-    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-    restored = manager.restore(step, args=ocp.args.Composite(model_params=ocp.args.PyTreeRestore(restore_args=args)))
-    return {"/".join(str(getattr(k, "key", k)) for k in path): v
-            for path, v in jax.tree_util.tree_leaves_with_path(restored["model_params"])}
+    """`model_params` of a step, restored by the merge's own reader: host arrays, no model."""
+    restored = lora_checkpoint.restore_params(lora_checkpoint.locate(checkpoint_dir, step, None))
+    return {"/".join(str(getattr(k, "key", k)) for k in path): v for path, v in jax.tree_util.tree_leaves_with_path(restored)}
 
 
 @pytest.fixture(scope="module")
@@ -285,8 +280,10 @@ def test_sharded_run_matches_the_single_device_run(runs, tmp_path):
     config = elsewhere(baseline_config, tmp_path, peak_tflops_per_device=0.05)  # an MFU figure on CPUs
     ended = run_cli(config, tmp_path, "sharded", devices=4)
     assert ended.code == EXIT_OK, ended.stderr
-    assert all(p.mfu and p.mfu == pytest.approx(p.tokens_per_second * ended.progress[-1].mfu
-                                                / ended.progress[-1].tokens_per_second) for p in ended.progress[1:])
+    lora_count = sum(math.prod(s) for m in tiny.lora_shapes(tiny.TinyConfig(), 8).values() for s in m.values())
+    flops = metrics.flops_per_token(tunix_config(read_hf_config(config.model_path)), 64, lora_count)
+    assert all(p.mfu == pytest.approx(p.tokens_per_second * flops / (4 * 0.05e12)) for p in ended.progress[1:]), \
+        "MFU: the model's FLOPs at the measured rate over 4 devices' peak"
     assert "mesh fsdp=1 x tp=4 over 4 cpu device(s)" in ended.stderr
     assert "replicated (does not divide the mesh): layers/0/attn/kv_einsum/w axis 1 (2 over tp)" in ended.stderr
     specs = saved_partition_specs(Path(config.checkpoint_dir) / str(STEPS) / "model_params")

@@ -64,7 +64,7 @@ def fit_to_mesh(module: nnx.Module, mesh: jax.sharding.Mesh, *, place: bool) -> 
     parameters, so any such dimension would stop the run at load or at LoRA creation. With
     `place`, arrays are also moved to the fitted sharding (after LoRA is applied); without, only
     the annotations change (on the abstract model, before weights are loaded).
-    Returns a description of each replicated axis.
+    Logs and returns a description of each replicated axis.
     """
     replicated = []
     for path, var in nnx.iter_graph(module):
@@ -75,7 +75,10 @@ def fit_to_mesh(module: nnx.Module, mesh: jax.sharding.Mesh, *, place: bool) -> 
         fitted = fitted_spec(var.shape, spec, dict(mesh.shape))
         if fitted != spec:
             name = "/".join(map(str, path))
-            replicated += [f"{name} axis {i} ({var.shape[i]} over {a})" for i, (a, f) in enumerate(zip(spec, fitted)) if a != f]
+            axes = [f"{name} axis {i} ({var.shape[i]} over {a})" for i, (a, f) in enumerate(zip(spec, fitted)) if a != f]
+            for axis in axes:
+                log.info("replicated (does not divide the mesh): %s", axis)
+            replicated += axes
             var.set_metadata(out_sharding=fitted)
         if place:
             target = NamedSharding(mesh, PartitionSpec(*fitted))

@@ -95,19 +95,19 @@ def load_model(
     *,
     dtype: str = "float32",
     mesh: jax.sharding.Mesh | None = None,
+    hf_config: dict | None = None,
 ) -> tuple[gemma4.Gemma4, gemma4.ModelConfig]:
     """Build Tunix's Gemma 4 from an HF checkpoint directory (sharded or single file).
 
     With a mesh, every weight is placed on it as Tunix annotates it, except for axes that do not
     divide the mesh: those are replicated (see `mesh.fit_to_mesh`).
     """
-    config = tunix_config(read_hf_config(path), dtype=dtype)
+    config = tunix_config(hf_config or read_hf_config(path), dtype=dtype)
 
     def build(cfg: gemma4.ModelConfig, *, rngs: nnx.Rngs) -> gemma4.Gemma4:
         model = gemma4.Gemma4(cfg, rngs=rngs)
         if mesh is not None:
-            for axis in fit_to_mesh(model, mesh, place=False):
-                log.info("replicated (does not divide the mesh): %s", axis)
+            fit_to_mesh(model, mesh, place=False)
         return model
 
     try:
@@ -131,7 +131,4 @@ def set_remat(model: gemma4.Gemma4, on: bool) -> None:
     Switch it on only after LoRA is applied: Qwix creates its parameters in a first forward pass,
     and parameters created inside `nnx.remat` are silently lost.
     """
-    mode = gemma4.RematConfig.DECODER if on else gemma4.RematConfig.NONE
-    for _, module in model.iter_modules():
-        if isinstance(getattr(module, "config", None), gemma4.ModelConfig):
-            module.config.remat_config = mode
+    model.config.remat_config = gemma4.RematConfig.DECODER if on else gemma4.RematConfig.NONE  # one config, shared by every layer

@@ -151,8 +151,7 @@ class Trainer(peft_trainer.PeftTrainer):
 def adapt(model: gemma4.Gemma4, config: TrainConfig, device_mesh: jax.sharding.Mesh) -> tuple[gemma4.Gemma4, nnx.Rngs | None]:
     """LoRA on the base model, placed on the mesh, with remat and dropout as configured."""
     model = lora.apply_lora(model, config.lora, seed=config.seed)
-    for axis in mesh.fit_to_mesh(model, device_mesh, place=True):
-        log.info("replicated (does not divide the mesh): %s", axis)
+    mesh.fit_to_mesh(model, device_mesh, place=True)
     set_remat(model, config.gradient_checkpointing)
     dropout = nnx.Rngs(dropout=config.seed) if config.lora.dropout > 0 else None
     if dropout is not None:
@@ -227,7 +226,7 @@ def run(config: TrainConfig) -> Outcome:
     with Preemption(config.termination_grace_seconds, multi_host=config.num_hosts > 1) as preemption:
         mesh.initialize_distributed(config.num_hosts)
         try:
-            read_hf_config(config.model_path)
+            hf_config = read_hf_config(config.model_path)
         except FileNotFoundError:
             raise ConfigError(f"model_path {config.model_path} has no config.json") from None
         data = prepare_data(config)
@@ -237,7 +236,7 @@ def run(config: TrainConfig) -> Outcome:
         log.info("mesh fsdp=%d x tp=%d over %d %s device(s)", *device_mesh.devices.shape, jax.device_count(),
                  jax.devices()[0].device_kind)
         with device_mesh:  # Tunix 0.1.7 reads the mesh of this legacy context, not jax.set_mesh's
-            model, model_config = load_model(config.model_path, dtype=config.model_dtype, mesh=device_mesh)
+            model, model_config = load_model(config.model_path, dtype=config.model_dtype, mesh=device_mesh, hf_config=hf_config)
             model, dropout = adapt(model, config, device_mesh)
             trainer = make_trainer(model, config, data.total_steps, device_mesh)
             reporter = fit(trainer, data, config, model_config, preemption=preemption, dropout=dropout,
