@@ -77,9 +77,11 @@ def config_volume(config_map_name: str) -> tuple[dict, dict]:
     return volume, mount
 
 
-def shm_volume() -> tuple[dict, dict]:
-    """JAX and vLLM use /dev/shm; the container default (64 MiB) is too small."""
-    return {"name": "dshm", "emptyDir": {"medium": "Memory"}}, {"name": "dshm", "mountPath": "/dev/shm"}
+def shm_volume(size_limit: str | None = None) -> tuple[dict, dict]:
+    """JAX and vLLM use /dev/shm; the container default (64 MiB) is too small. Its files count
+    against the container's memory limit, hence the optional bound."""
+    empty_dir = {"medium": "Memory", **({"sizeLimit": size_limit} if size_limit else {})}
+    return {"name": "dshm", "emptyDir": empty_dir}, {"name": "dshm", "mountPath": "/dev/shm"}
 
 
 def storage_volume(storage: api.Storage | None) -> tuple[list[dict], list[dict]]:
