@@ -5,7 +5,8 @@ gs:// folders into $TMPDIR, huggingface_hub downloads into $HF_HOME. Both point 
 volume on disk. In a memory-backed volume (/dev/shm, the seed paper's choice on a bare TPU VM)
 the files would count against the container's memory limit: 58 GiB for 31B, an OOM kill at
 load. The pod's memory request and limit cover what the loader holds (see fit.host_memory);
-/dev/shm stays, bounded, and counted.
+/dev/shm stays, bounded, and counted. The merge Job downloads an hf:// base onto the same kind
+of disk (it reads gs:// in place).
 """
 
 from __future__ import annotations

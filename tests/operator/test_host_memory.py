@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from gemma_operator import cli
-from gemma_operator.children import training
+from gemma_operator.children import merge, training
 from gemma_operator.plan import SpecError, plan_finetune
 from gemma_operator.settings import OperatorSettings
 from tests.support.builders import finetune
@@ -126,3 +126,18 @@ def test_gemma_tpu_plan_shows_host_memory_and_staging_and_refuses_a_small_host(t
     assert cli.main_exit(["plan", "--settings", str(settings), "-f", str(crs)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "77.8 GiB of host memory needed" in err and "vs 43.2 GiB available" in err
+
+
+def test_the_merge_downloads_an_hf_base_onto_a_sized_disk_and_reads_gs_in_place():
+    settings = OperatorSettings()
+    job = merge.job(plan(paper_run()), settings, None)
+    validate_object(job)
+    [pod] = pods(job)
+    [c] = pod["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    staging = next(m for m in c["volumeMounts"] if env["HF_HOME"].startswith(m["mountPath"] + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == staging["name"])
+    assert RELEASE_BYTES < gib(volume["ephemeral"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"]) * GIB
+    assert memory_backed_paths(pod) == []
+    [pod] = pods(merge.job(plan(paper_run(finetune("gs"))), settings, None))
+    assert "HF_HOME" not in str(pod["containers"][0]["env"]) and not any(v["name"] == "staging" for v in pod["volumes"])

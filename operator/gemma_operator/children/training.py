@@ -49,32 +49,15 @@ def _resources(plan: FineTunePlan, settings: OperatorSettings) -> dict[str, Any]
     chips = str(plan.placement.chips_per_host)
     # Limits equal to requests: the memory the loader was planned for is the memory it gets.
     amounts = {"memory": plan.host.memory_request, tpu.TPU_RESOURCE: chips}
-    if plan.host.staging_volume == "emptyDir":  # the staged model counts against the node's disk
-        amounts["ephemeral-storage"] = plan.host.staging_size
+    amounts.update(common.staging_storage(plan.host))
     return {"requests": {"cpu": r.training_cpu, **amounts}, "limits": amounts}
-
-
-def _staging_volume(plan: FineTunePlan, settings: OperatorSettings) -> tuple[list[dict], list[dict]]:
-    """A disk for a gs:// or hf:// model, sized from it: a volume claimed with the pod (deleted
-    with it), or the node's disk; never memory."""
-    h = plan.host
-    if h is None or h.staging_size is None:
-        return [], []
-    if h.staging_volume == "emptyDir":
-        source = {"emptyDir": {"sizeLimit": h.staging_size}}
-    else:
-        claim: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": h.staging_size}}}
-        if settings.training_host.staging_storage_class:
-            claim["storageClassName"] = settings.training_host.staging_storage_class
-        source = {"ephemeral": {"volumeClaimTemplate": {"metadata": {"labels": _labels(plan)}, "spec": claim}}}
-    return [{"name": "staging", **source}], [{"name": "staging", "mountPath": host.STAGING_DIR}]
 
 
 def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name: str) -> dict[str, Any]:
     cfg_volume, cfg_mount = common.config_volume(config_map_name)
     shm, shm_mount = common.shm_volume(host.SHM_SIZE if plan.host else None)
     store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
-    staging_volumes, staging_mounts = _staging_volume(plan, settings)
+    staging_volumes, staging_mounts = common.staging_volume(plan.host, _labels(plan), settings)
     env = common.env_list({**(plan.host.env if plan.host else {}), **settings.training_env})
     if plan.spec.model.hf_token_secret_ref:
         env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
