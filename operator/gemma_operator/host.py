@@ -54,6 +54,7 @@ def host_memory_bytes(slice_: tpu.Slice, settings: OperatorSettings) -> float:
 
 def plan_host(shape: ModelShape | None, model_path: str, dtype: str, slice_: tpu.Slice,
               settings: OperatorSettings) -> HostPlan:  # fmt: skip
+    """Requests and staging of one training host; without a preset the settings' sizes stand in."""
     h = settings.training_host
     memory = None
     request = fit.parse_size(settings.resources.training_memory)

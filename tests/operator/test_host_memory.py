@@ -6,7 +6,7 @@ import math
 import pytest
 import yaml
 
-from gemma_operator import cli
+from gemma_operator import cli, explain
 from gemma_operator.children import merge, training
 from gemma_operator.plan import SpecError, plan_finetune
 from gemma_operator.settings import OperatorSettings
@@ -89,6 +89,18 @@ def test_a_model_on_a_volume_is_read_in_place_with_the_same_memory():
     [c] = pod["containers"]
     assert "TMPDIR" not in str(c["env"]) and not any(v["name"] == "staging" for v in pod["volumes"])
     assert gib(c["resources"]["limits"]["memory"]) * GIB > RELEASE_BYTES
+
+
+def test_a_model_of_unknown_size_gets_the_settings_sizes():
+    settings = OperatorSettings()
+    p = plan(paper_run(finetune("any").set("model", {"uri": "gs://models/someone-else"})), settings)
+    [pod] = pods(training.workload(p, settings, None))
+    [c] = pod["containers"]
+    assert c["resources"]["limits"]["memory"] == settings.resources.training_memory
+    claim = next(v for v in pod["volumes"] if v["name"] == "staging")["ephemeral"]["volumeClaimTemplate"]["spec"]
+    assert claim["resources"]["requests"]["storage"] == settings.training_host.unknown_model_size
+    text = explain.as_text(p)
+    assert "host memory:   model size unknown; pod memory 64Gi" in text
 
 
 def test_a_host_without_the_memory_is_refused_with_the_numbers():
