@@ -54,9 +54,9 @@ def _host_text(d: dict[str, Any] | None) -> list[str]:
     s = d["staging"]
     if s is None:
         return [*lines, "  staging:       none (the model is read where it is)"]
-    where = "a volume claimed with the pod" if s["volume"] == "ephemeralVolume" else "the node's disk (ephemeral-storage)"
+    where = {"ephemeralVolume": "a volume claimed with the pod", "emptyDir": "the node's disk (ephemeral-storage)"}
     disk = "" if s["disk"] is None else f": {_fit_text(s['disk'], '')}"
-    return [*lines, f"  staging:       {s['size']} on {where} at {s['path']}{disk}"]
+    return [*lines, f"  staging:       {s['size']} on {where[s['volume']]} at {s['path']}{disk}"]
 
 
 def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:

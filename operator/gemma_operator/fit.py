@@ -115,7 +115,8 @@ def host_memory(
 def staging_disk(shape: ModelShape, available_bytes: float) -> MemoryEstimate:
     """The checkpoint's files plus room for the download's metadata and partial files."""
     files = shape.checkpoint_bytes()
-    return MemoryEstimate({"checkpoint": files, "headroom": max(2 * GIB, 0.05 * files)}, available_bytes, "of local disk")
+    parts = {"checkpoint": files, "headroom": max(2 * GIB, 0.05 * files)}
+    return MemoryEstimate(parts, available_bytes, "of local disk")
 
 
 def concurrent_sequences(estimate: MemoryEstimate) -> int:

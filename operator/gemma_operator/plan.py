@@ -277,7 +277,8 @@ def plan_finetune(
     host_plan = None
     if place.slice is not None:
         host_plan = host.plan_host(shape, _model_path(spec.model), spec.model.dtype, place.slice, settings)
-        problems += host.problems(host_plan, preset or "the model", f"a {place.slice.machine_type} host of {place.label}")
+        where = f"a {place.slice.machine_type} host of {place.label}"
+        problems += host.problems(host_plan, preset or "the model", where)
     if problems:
         raise SpecError(problems)
 

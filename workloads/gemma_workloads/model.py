@@ -160,7 +160,8 @@ def _towers_skipped_quietly(path: str) -> Iterator[None]:
     finally:
         absl.removeFilter(skips)
     if skips.towers:
-        log.info("%s: left %d vision/audio tower tensors unloaded (training adapts the text decoder)", path, len(skips.towers))
+        log.info("%s: left %d vision/audio tower tensors unloaded (training adapts the text decoder)",
+                 path, len(skips.towers))
 
 
 def set_remat(model: gemma4.Gemma4, on: bool) -> None:
