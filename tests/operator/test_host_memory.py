@@ -1,6 +1,7 @@
 """Host memory and local disk of the training pod, planned like HBM: sized from the model, the
 model staged on disk, and a host too small for it refused before anything is scheduled."""
 
+import json
 import math
 
 import pytest
@@ -82,6 +83,13 @@ def test_staging_on_the_nodes_disk_requests_ephemeral_storage():
     validate_object(training.workload(plan(paper_run(), settings), settings, None))
 
 
+def test_the_staging_volume_has_the_configured_storage_class():
+    settings = OperatorSettings.model_validate({"training_host": {"staging_storage_class": "hyperdisk-balanced"}})
+    [pod] = pods(training.workload(plan(paper_run(), settings), settings, None))
+    volume = next(v for v in pod["volumes"] if v["name"] == "staging")
+    assert volume["ephemeral"]["volumeClaimTemplate"]["spec"]["storageClassName"] == "hyperdisk-balanced"
+
+
 def test_a_model_on_a_volume_is_read_in_place_with_the_same_memory():
     b = paper_run(finetune("pvc").set("model", {"uri": "/models/gemma-4-31B-it", "preset": "gemma4-31b"})
                   .set("storage", {"persistentVolumeClaim": "models", "mountPath": "/models"}))  # fmt: skip
@@ -133,6 +141,10 @@ def test_gemma_tpu_plan_shows_host_memory_and_staging_and_refuses_a_small_host(t
     out = capsys.readouterr().out
     assert "host memory:   77.8 GiB needed of 403.2 GiB (checkpoint 58.2, conversion 2.6, runtime 16.0" in out
     assert "staging:       62Gi on a volume claimed with the pod at /staging" in out
+    assert cli.main_exit(["plan", "-o", "json", "-f", str(crs)]) == 0
+    [p] = json.loads(capsys.readouterr().out)
+    assert p["host"]["memoryRequest"] == "78Gi" and p["host"]["memory"]["fits"]
+    assert p["host"]["staging"]["size"] == "62Gi" and p["host"]["staging"]["volume"] == "ephemeralVolume"
     settings = tmp_path / "settings.yaml"
     settings.write_text(yaml.safe_dump({"training_host": {"memory": {"ct5p-hightpu-4t": "48Gi"}}}))
     assert cli.main_exit(["plan", "--settings", str(settings), "-f", str(crs)]) == 2
