@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from gemma_operator import fit
+from gemma_operator import fit, host
 from gemma_operator.children import merge, model_delivery, serving, training
 from gemma_operator.plan import FineTunePlan, ServePlan
 
@@ -22,10 +23,40 @@ def _memory(m: fit.MemoryEstimate | None) -> dict[str, Any] | None:
         return None
     return {
         "neededGiB": round(m.total / fit.GIB, 2),
-        "availableGiB": round(m.available / fit.GIB, 2),
+        "availableGiB": round(m.available / fit.GIB, 2) if math.isfinite(m.available) else None,  # None: unknown
         "partsGiB": {k: round(v / fit.GIB, 2) for k, v in m.parts.items()},
         "fits": m.fits,
     }
+
+
+def _host(p: FineTunePlan) -> dict[str, Any] | None:
+    h = p.host
+    if h is None:
+        return None
+    staging = None if h.staging_size is None else {
+        "volume": h.staging_volume, "size": h.staging_size, "path": host.STAGING_DIR, "disk": _memory(h.staging),
+    }  # fmt: skip
+    return {"memoryRequest": h.memory_request, "memory": _memory(h.memory), "staging": staging}
+
+
+def _fit_text(mem: dict[str, Any] | None, unknown: str) -> str:
+    if mem is None:
+        return unknown
+    available = "an unknown amount" if mem["availableGiB"] is None else f"{mem['availableGiB']:.1f} GiB"
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in mem["partsGiB"].items())
+    return f"{mem['neededGiB']:.1f} GiB needed of {available} ({parts}) {'OK' if mem['fits'] else 'DOES NOT FIT'}"
+
+
+def _host_text(d: dict[str, Any] | None) -> list[str]:
+    if d is None:
+        return []
+    lines = [f"  host memory:   {_fit_text(d['memory'], 'model size unknown')}; pod memory {d['memoryRequest']}"]
+    s = d["staging"]
+    if s is None:
+        return [*lines, "  staging:       none (the model is read where it is)"]
+    where = {"ephemeralVolume": "a volume claimed with the pod", "emptyDir": "the node's disk (ephemeral-storage)"}
+    disk = "" if s["disk"] is None else f": {_fit_text(s['disk'], '')}"
+    return [*lines, f"  staging:       {s['size']} on {where[s['volume']]} at {s['path']}{disk}"]
 
 
 def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:
@@ -41,7 +72,7 @@ def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:
         "kind": "GemmaFineTune", "name": p.name, "namespace": p.namespace, "model": p.model_label,
         "slice": _slice(p), "workload": "JobSet" if p.multi_host else "Job",
         "mesh": {"fsdp": p.mesh.fsdp, "tp": p.mesh.tp}, "microBatch": p.micro_batch,
-        "gradientAccumulation": p.train.grad_accumulation, "hbmPerChip": _memory(p.memory),
+        "gradientAccumulation": p.train.grad_accumulation, "hbmPerChip": _memory(p.memory), "host": _host(p),
         "run": p.run, "runDir": p.run_dir, "mergedDir": p.merged_dir if p.spec.merge.enabled else None,
         "trainingJob": training.names(p)[0], "mergeJob": merge.name(p) if p.spec.merge.enabled else None,
         "mergeMemoryGiB": p.merge_memory_gib, "pricePerChipHour": p.price_per_chip_hour,
@@ -60,11 +91,7 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
         if s["accelerator"] != "cpu"
         else "cpu (no TPU)"
     )
-    mem = d["hbmPerChip"]
-    hbm = "not checked (no TPU or unknown model size)" if mem is None else (
-        f"{mem['neededGiB']:.1f} GiB needed of {mem['availableGiB']:.1f} GiB "
-        f"({', '.join(f'{k} {v:.1f}' for k, v in mem['partsGiB'].items())}) {'OK' if mem['fits'] else 'DOES NOT FIT'}"
-    )
+    hbm = _fit_text(d["hbmPerChip"], "not checked (no TPU or unknown model size)")
     if d["kind"] == "GemmaServe":
         lines = [
             f"GemmaServe {d['name']} (namespace {d['namespace']})",
@@ -90,6 +117,7 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
         f"  mesh:          fsdp {d['mesh']['fsdp']} x tp {d['mesh']['tp']}, micro-batch {d['microBatch']}, "
         f"gradient accumulation {d['gradientAccumulation']}",
         f"  HBM per chip:  {hbm}",
+        *_host_text(d["host"]),
         f"  run:           {d['run']} -> {d['runDir']}",
         f"  estimate:      {estimate}",
         "  merge:         " + (f"Job {d['mergeJob']} ({d['mergeMemoryGiB']} GiB) -> {d['mergedDir']}" if d["mergeJob"] else "disabled"),

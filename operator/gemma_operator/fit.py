@@ -8,16 +8,30 @@ Deliberately simple, per-chip, and conservative where the layout is not known:
   float32 logits and their gradient; a fixed allowance for XLA's buffers.
 - serving: weights / TP, plus the KV cache of one full `maxModelLen` sequence (vLLM refuses to
   start without room for it), against `gpuMemoryUtilization` of the HBM.
+- the training host: every host loads the whole checkpoint. Tunix's loader maps the files and
+  can hold a host copy of every weight until all are on the chips (reshaped weights are copies),
+  converts one tensor at a time to the training dtype, and the runtime needs its own room; a
+  gs:// or hf:// model is first staged whole onto disk (file pages the kernel can drop, unlike
+  the pages of a memory-backed volume).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from gemma_operator.models import DTYPE_BYTES, ModelShape
 
 GIB = 2**30
 XLA_ALLOWANCE = 1 * GIB
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a Kubernetes-style quantity ("64Gi", "10GB")."""
+    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", text).groups()
+    return int(float(number) * _SIZE_UNITS[unit])
 
 
 @dataclass(frozen=True)
@@ -26,6 +40,7 @@ class MemoryEstimate:
 
     parts: dict[str, float]
     available: float
+    unit: str = "per chip"
 
     @property
     def total(self) -> float:
@@ -37,7 +52,7 @@ class MemoryEstimate:
 
     def describe(self) -> str:
         parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in self.parts.items())
-        return f"{self.total / GIB:.1f} GiB per chip needed ({parts}) vs {self.available / GIB:.1f} GiB available"
+        return f"{self.total / GIB:.1f} GiB {self.unit} needed ({parts}) vs {self.available / GIB:.1f} GiB available"
 
 
 def training_memory(
@@ -82,6 +97,26 @@ def serving_memory(
     kv = shape.kv_bytes_per_token(DTYPE_BYTES["bfloat16"], max_model_len) * max_model_len / tp
     parts = {"weights": weights, "kv(1 seq)": kv, "xla": XLA_ALLOWANCE}
     return MemoryEstimate(parts, hbm_gib * GIB * gpu_memory_utilization)
+
+
+def host_memory(
+    shape: ModelShape, *, dtype: str, runtime_bytes: float, shm_bytes: float, host_bytes: float, usable_fraction: float
+) -> MemoryEstimate:
+    """Bytes one training host holds while it loads the model, against its memory."""
+    parts = {
+        "checkpoint": shape.checkpoint_bytes(),
+        "conversion": shape.largest_tensor_elements() * DTYPE_BYTES[dtype],
+        "runtime": runtime_bytes,
+        "/dev/shm": shm_bytes,
+    }
+    return MemoryEstimate(parts, host_bytes * usable_fraction, "of host memory")
+
+
+def staging_disk(shape: ModelShape, available_bytes: float) -> MemoryEstimate:
+    """The checkpoint's files plus room for the download's metadata and partial files."""
+    files = shape.checkpoint_bytes()
+    parts = {"checkpoint": files, "headroom": max(2 * GIB, 0.05 * files)}
+    return MemoryEstimate(parts, available_bytes, "of local disk")
 
 
 def concurrent_sequences(estimate: MemoryEstimate) -> int:

@@ -30,6 +30,9 @@ class ModelShape:
     local_per_global: int = 5  # the 5 sliding : 1 global pattern
     k_eq_v_global: bool = True
     moe: bool = False
+    # Parameters beside the text decoder in the released checkpoint (the vision tower and its
+    # embedder): staged and read with it, though training ignores them. 0 where unknown.
+    vision_params: float = 0.0
 
     @property
     def global_layers(self) -> int:
@@ -73,6 +76,10 @@ class ModelShape:
         full = k_or_kv * self.global_kv_heads * self.global_head_dim * self.global_layers
         return (sliding + full) * dtype_bytes
 
+    def checkpoint_bytes(self, dtype_bytes: int = 2) -> float:
+        """Size of the released safetensors (bf16 by default), vision tower included."""
+        return (self.params + self.vision_params) * dtype_bytes
+
     def flops_per_token(self) -> float:
         """Training FLOPs per token: 6N for the matmuls (LoRA adds little)."""
         return 6.0 * self.params
@@ -82,6 +89,7 @@ PRESETS: dict[str, ModelShape] = {
     "gemma4-31b": ModelShape(
         "gemma4-31b", 30.70e9, layers=60, embed_dim=5376, mlp_dim=21504, heads=32, head_dim=256,
         kv_heads=16, global_kv_heads=4, global_head_dim=512, vocab=262144, sliding_window=1024,
+        vision_params=0.55e9,  # the release's 62.5 GB of bf16 (seed paper) less the text decoder
     ),
     "gemma4-26b-a4b": ModelShape(
         "gemma4-26b-a4b", 25.23e9, layers=30, embed_dim=2816, mlp_dim=2112, heads=16, head_dim=256,

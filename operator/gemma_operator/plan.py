@@ -10,13 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from gemma_operator import api, fit, tpu
+from gemma_operator import api, fit, host, tpu
 from gemma_operator.models import PRESETS, ModelShape, infer_preset
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import DatasetConfig, LoraConfig, MergeConfig, MeshConfig, TrainConfig, join, run_dir
@@ -64,18 +63,9 @@ def digest(data: Any, length: int = 8) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
-_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-               "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
-
-
 def fuse_path(uri: str) -> str:
     """A gs:// URI as seen through a Cloud Storage FUSE mount of its bucket (other paths unchanged)."""
     return f"{GCS_MOUNT_ROOT}/{uri.removeprefix('gs://')}" if uri.startswith("gs://") else uri
-
-
-def parse_size(text: str) -> int:
-    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", text).groups()
-    return int(float(number) * _SIZE_UNITS[unit])
 
 
 # ---------------------------------------------------------------------------- placement
@@ -179,6 +169,7 @@ class FineTunePlan:
     service_account: str | None
     queue: str | None
     price_per_chip_hour: float
+    host: host.HostPlan | None = None  # memory and staging disk of a TPU training pod
 
     @property
     def multi_host(self) -> bool:
@@ -283,6 +274,11 @@ def plan_finetune(
                 f"(seq {spec.dataset.max_seq_len}, micro-batch {micro}, LoRA rank {spec.lora.rank}){hint}; "
                 "use a larger topology, a shorter dataset.maxSeqLen or a smaller microBatchSize"
             )
+    host_plan = None
+    if place.slice is not None:
+        host_plan = host.plan_host(shape, _model_path(spec.model), spec.model.dtype, place.slice, settings)
+        where = f"a {place.slice.machine_type} host of {place.label}"
+        problems += host.problems(host_plan, preset or "the model", where)
     if problems:
         raise SpecError(problems)
 
@@ -333,7 +329,7 @@ def plan_finetune(
         # The merge publishes its output folder by a rename: it writes files, through a FUSE mount.
         output_dir=fuse_path(merged),
         dtype=spec.merge.dtype,
-        shard_size_bytes=parse_size(spec.merge.shard_size),
+        shard_size_bytes=fit.parse_size(spec.merge.shard_size),
     )
     price = settings.prices_per_chip_hour.get(place.accelerator, 0.0)
     return FineTunePlan(
@@ -359,6 +355,7 @@ def plan_finetune(
         service_account=spec.service_account_name or settings.workload_service_account,
         queue=(labels or {}).get("kueue.x-k8s.io/queue-name") or settings.kueue_queue,
         price_per_chip_hour=price,
+        host=host_plan,
     )
 
 

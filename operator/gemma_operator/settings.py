@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +35,7 @@ class Resources(_Settings):
     """CPU/memory of the workload containers beside their TPU chips."""
 
     training_cpu: str = "8"
+    # The least a TPU training pod gets; more when its model needs it (see host.py).
     training_memory: str = "64Gi"
     serving_cpu: str = "8"
     serving_memory: str = "64Gi"
@@ -42,9 +43,46 @@ class Resources(_Settings):
     cpu_profile_memory: str = "8Gi"
 
 
+class TrainingHost(_Settings):
+    """The TPU VMs training runs on, beyond their chips: memory and local disk, planned like HBM."""
+
+    memory: dict[str, str] = Field(
+        # Unverified (Compute Engine's machine-type tables, not checked against a source here):
+        # set them to what `kubectl get node -o yaml` shows as capacity. Known ones are in tpu.py.
+        default_factory=lambda: {"ct5p-hightpu-4t": "448Gi", "ct6e-standard-4t": "720Gi", "ct6e-standard-1t": "176Gi"},
+        description="Memory of a TPU VM by machine type; overrides the catalogue (tpu.HOST_MEMORY_GIB).",
+    )
+    memory_usable_fraction: Annotated[
+        float, Field(gt=0, le=1, description="Share of a host's memory a training pod may plan for "
+                     "(GKE keeps the rest for the system and the kubelet's eviction threshold).")
+    ] = 0.9
+    runtime_memory: str = Field(
+        default="16Gi", description="Host memory of the trainer beside the weights: JAX/XLA runtime, "
+        "compilation, data pipeline.",
+    )
+    staging_volume: Literal["ephemeralVolume", "emptyDir"] = Field(
+        default="ephemeralVolume",
+        description="Where a gs:// or hf:// model is staged: a volume claimed for the pod and sized "
+        "from the model (ephemeralVolume), or the node's own disk (emptyDir, ephemeral-storage).",
+    )
+    staging_storage_class: str | None = Field(
+        default=None, description="StorageClass of the staging volume; none: the cluster's default "
+        "(a TPU machine type may accept only some disk types, e.g. Hyperdisk on v6e).",
+    )
+    node_ephemeral_storage: str = Field(
+        # GKE's node-sizing page shows a 100 GB boot disk leaving 47,060,071,478 bytes allocatable.
+        default="43Gi", description="Allocatable ephemeral storage of a training node (emptyDir "
+        "staging); raise it with the node pool's --disk-size.",
+    )
+    unknown_model_size: str = Field(
+        default="128Gi", description="Staging size for a model without a preset (its size is unknown)."
+    )
+
+
 class OperatorSettings(_Settings):
     images: Images = Field(default_factory=Images)
     resources: Resources = Field(default_factory=Resources)
+    training_host: TrainingHost = Field(default_factory=TrainingHost)
     prices_per_chip_hour: dict[str, float] = Field(
         default_factory=lambda: dict(DEFAULT_PRICE_PER_CHIP_HOUR),
         description="List price per chip-hour by generation, for the cost estimate and status.",

@@ -100,6 +100,10 @@ GENERATIONS: dict[str, Generation] = {
     ),
 }  # fmt: skip
 
+# Host memory of a TPU VM by machine type, where a source gives it: 1536 GiB per 8-chip v6e host
+# (v6e docs). The others are operator settings (settings.TrainingHost.memory), not facts here.
+HOST_MEMORY_GIB = {"ct6e-standard-8t": 1536.0}
+
 # The seed paper's on-demand rates ($16.80/h per v5p-8, $21.52/h per v6e-8), per chip-hour.
 DEFAULT_PRICE_PER_CHIP_HOUR = {"v5p": 4.20, "v6e": 2.69}
 

@@ -139,9 +139,9 @@ def test_a_gs_output_reaches_the_merge_through_cloud_storage_fuse():
     assert "annotations" not in merge.job(local, SETTINGS, OWNER)["spec"]["template"]["metadata"]
 
 
-def test_tpu_training_stages_models_in_host_memory():
+def test_tpu_training_stages_models_on_disk_and_local_runs_do_not_stage():
     [c] = pod_spec(training.workload(ft_plan(finetune("ft").tpu("v5p")), SETTINGS, OWNER))["containers"]
-    assert {"name": "TMPDIR", "value": "/dev/shm"} in c["env"]
+    assert {"name": "TMPDIR", "value": "/staging"} in c["env"]
     [c] = pod_spec(training.workload(ft_plan(finetune("ft").cpu_tiny()), SETTINGS, OWNER))["containers"]
     assert "TMPDIR" not in str(c["env"])
 

@@ -1,6 +1,7 @@
 """A real vLLM server, started with the command line the operator renders for the cpu profile,
 serves a merged tiny Gemma 4 exactly as transformers runs it, behind the API key from its Secret."""
 
+import json
 import secrets
 import socket
 from pathlib import Path
@@ -22,6 +23,11 @@ API_KEY = secrets.token_hex(16)
 MAX_TOKENS = 24
 PROMPT = "Q: What is the capital of France?\nA:"
 MESSAGES = [{"role": "user", "content": "Which city is the capital of Japan?"}]
+# vLLM's Gemma4ForConditionalGeneration imports transformers' Gemma 4 image processor, which
+# needs torchvision; PyPI has only CUDA builds of it, which do not load next to the CPU torch.
+# vLLM's Gemma4ForCausalLM reads the same folder: `model.language_model.*` as its decoder, the
+# towers skipped (vllm/model_executor/models/gemma4.py, Gemma4ForCausalLM.hf_to_vllm_mapper).
+TEXT_ONLY = ("--hf-overrides=" + json.dumps({"architectures": ["Gemma4ForCausalLM"]}),)
 ENDPOINTS = {
     "completion": ("/v1/completions", {"prompt": PROMPT}),
     "chat": ("/v1/chat/completions", {"messages": MESSAGES}),
@@ -30,13 +36,14 @@ ENDPOINTS = {
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """What the pipeline serves: a tiny base merged with a LoRA checkpoint by the merge workload.
+    """What the pipeline serves: a tiny base shaped like the release (Gemma4ForConditionalGeneration,
+    vision tower included) merged with a LoRA checkpoint by the merge workload.
 
     float32, so that both runtimes agree to ~1e-5. Random models tend to repeat one token; with
     these seeds the greedy continuations vary and the top-2 logit margins stay far above that noise.
     """
     root = tmp_path_factory.mktemp("tiny-gemma")
-    base = tiny.write_checkpoint(root / "base", dtype="float32", seed=3)
+    base = tiny.write_checkpoint(root / "base", dtype="float32", seed=3, vision=tiny.TinyVisionConfig())
     tiny.write_lora_checkpoint(root / "checkpoints", base.config, rank=4, alpha=8.0, seed=7)
     result = merge.merge(MergeConfig(base_model_path=str(base.path), checkpoint_dir=str(root / "checkpoints"),
                                      output_dir=str(root / "merged"), dtype="float32", termination_log=str(root / "result")))  # fmt: skip
@@ -49,7 +56,7 @@ def server(vllm_python, checkpoint, tmp_path_factory):
     port = local_vllm.free_port()
     launch = VllmLaunch(
         model=str(checkpoint.path), served_name=SERVED_NAME, device="cpu", dtype="float32",
-        max_model_len=512, max_num_seqs=4, port=port, api_key_secret=KEY_REF,
+        max_model_len=512, max_num_seqs=4, port=port, api_key_secret=KEY_REF, extra_args=TEXT_ONLY,
     )  # fmt: skip
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     secret_store = {(KEY_REF.name, KEY_REF.key): API_KEY}
@@ -78,6 +85,7 @@ def reference(checkpoint):
     result = {}
     for label, path in (("", checkpoint.path), ("base-", checkpoint.base)):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        assert type(model).__name__ == "Gemma4ForConditionalGeneration"
         for name, prompt_ids in (("completion", tokenizer(PROMPT)["input_ids"]), ("chat", list(chat_ids))):
             with torch.no_grad():
                 out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=MAX_TOKENS, do_sample=False)

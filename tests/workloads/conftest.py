@@ -14,10 +14,9 @@ def tiny_sharded(tmp_path_factory) -> tiny.TinyCheckpoint:
 
 @pytest.fixture(scope="session")
 def tiny_single(tmp_path_factory) -> tiny.TinyCheckpoint:
-    """Released-checkpoint key layout (`model.language_model.`), one model.safetensors."""
-    return tiny.write_checkpoint(
-        tmp_path_factory.mktemp("tiny-single"), shards=1, prefix="model.language_model.", seed=1
-    )
+    """The release's shape in one model.safetensors: a Gemma4ForConditionalGeneration with a tiny
+    vision tower beside `model.language_model.`, whose text weights are tiny_sharded's."""
+    return tiny.write_checkpoint(tmp_path_factory.mktemp("tiny-single"), shards=1, vision=tiny.TinyVisionConfig())
 
 
 @pytest.fixture(scope="session")

@@ -107,18 +107,39 @@ def test_zero_lora_reproduces_the_base_bit_for_bit(tiny_sharded, lora_run, tmp_p
     assert all(out[k].tobytes() == v.tobytes() for k, v in base.items())
 
 
-def test_single_file_base_with_the_released_key_prefix(tiny_single, tiny_sharded, merged_fp32, lora_run, tmp_path):
-    """`model.language_model.` keys in one model.safetensors get the same deltas as `model.` keys."""
+def test_the_released_layout_merges_its_decoder_and_passes_its_vision_tower_through(
+    tiny_single, tiny_sharded, merged_fp32, lora_run, tmp_path, token_ids
+):
+    """One model.safetensors with `model.language_model.` keys and a vision tower, as released: the
+    decoder gets the deltas `model.` keys get, the tower is copied byte for byte, and transformers
+    loads the output as Gemma4ForConditionalGeneration, computing what the JAX LoRA model computes."""
+    import torch
+    from transformers import Gemma4ForConditionalGeneration
+
     code, result = run_merge(tmp_path, base_model_path=str(tiny_single.path), checkpoint_dir=str(lora_run[0]),
                              output_dir=str(tmp_path / "out"))  # fmt: skip
     assert code == EXIT_OK, result
     base, out = tensors(tiny_single.path), tensors(tmp_path / "out")
     ref_base, ref_out = tensors(tiny_sharded.path), tensors(merged_fp32[0])
-    assert out.keys() == base.keys() and all(k.startswith("model.language_model.") for k in out)
-    for name in base:
+    assert out.keys() == base.keys()
+    towers = [k for k in base if k.startswith(tiny.VISION_PREFIXES)]
+    assert towers and all(k.startswith("model.language_model.") for k in base.keys() - set(towers))
+    for name in towers:
+        assert out[name].dtype == base[name].dtype
+        assert hashlib.sha256(out[name].tobytes()).digest() == hashlib.sha256(base[name].tobytes()).digest(), name
+    for name in base.keys() - set(towers):
         short = name.replace("model.language_model.", "model.")
         np.testing.assert_allclose(out[name] - base[name], ref_out[short] - ref_base[short], atol=1e-6)
     assert result["tensors_merged"] == 13
+    model, info = Gemma4ForConditionalGeneration.from_pretrained(
+        tmp_path / "out", dtype=torch.float32, attn_implementation="eager", output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert model.model.vision_tower is not None
+    with torch.no_grad():
+        logits = model(torch.tensor(token_ids)).logits.numpy()
+    # The same text weights as tiny_sharded, so the same logits as the JAX LoRA model on them.
+    assert np.abs(logits - lora_run[1]).max() <= 1e-5
 
 
 def test_bf16_merge_is_the_fp32_merge_rounded(tmp_path, lora_run, merged_fp32, tiny_sharded):

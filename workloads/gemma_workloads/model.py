@@ -4,14 +4,17 @@ The architecture always comes from the checkpoint's `config.json` (a released mu
 nests it under `text_config`), so any Gemma 4 size loads, the tiny test models included. Tunix's
 safetensors loader accepts the `model.language_model.` key prefix of released checkpoints; the
 text-only export (`Gemma4ForCausalLM`) uses `model.`, which its mapping silently skips, so the
-mapping is widened here to take both.
+mapping is widened here to take both. The release's vision tower (and the smaller models' audio
+tower) is left on disk: training adapts the text decoder only, and the merge copies the towers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -28,6 +31,8 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 
+# Towers beside the text decoder in the multimodal checkpoints: never loaded.
+TOWER_PREFIXES = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
 _TUNIX_PREFIX = r"(?:model\.language_model\.)?"
 _ANY_PREFIX = r"(?:model\.(?:language_model\.)?)?"
 
@@ -111,18 +116,52 @@ def load_model(
         return model
 
     try:
-        model = safetensors_loader.load_and_create_model(
-            file_dir=path,
-            model_class=build,
-            config=config,
-            key_mapping=_key_mapping,
-            mesh=mesh,
-            preprocess_fn=params_safetensors._make_preprocess_fn(config),  # noqa: SLF001
-            dtype=DTYPES[dtype],
-        )
+        with _towers_skipped_quietly(path):
+            model = safetensors_loader.load_and_create_model(
+                file_dir=path,
+                model_class=build,
+                config=config,
+                key_mapping=_key_mapping,
+                mesh=mesh,
+                preprocess_fn=params_safetensors._make_preprocess_fn(config),  # noqa: SLF001
+                dtype=DTYPES[dtype],
+            )
     except Exception as e:  # the loader's own errors do not say which checkpoint
         raise RuntimeError(f"cannot load the safetensors of {path}: {type(e).__name__}: {e}") from e
     return model, config
+
+
+class _TowerSkips(logging.Filter):
+    """Drops Tunix's warning about unmapped keys when they are all tower tensors, counting them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.towers: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Skipped loading") or len(record.args or ()) != 2:
+            return True
+        keys = set(str(record.args[1]).split(", "))
+        if not all(k.startswith(TOWER_PREFIXES) for k in keys):
+            return True  # anything else unmapped is worth the warning
+        self.towers |= keys
+        return False
+
+
+@contextlib.contextmanager
+def _towers_skipped_quietly(path: str) -> Iterator[None]:
+    """Tunix warns once per file, naming every skipped key so far (356 vision tensors for the
+    31B release): one line says it instead."""
+    absl = logging.getLogger("absl")
+    skips = _TowerSkips()
+    absl.addFilter(skips)
+    try:
+        yield
+    finally:
+        absl.removeFilter(skips)
+    if skips.towers:
+        log.info("%s: left %d vision/audio tower tensors unloaded (training adapts the text decoder)",
+                 path, len(skips.towers))
 
 
 def set_remat(model: gemma4.Gemma4, on: bool) -> None:

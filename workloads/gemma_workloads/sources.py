@@ -1,8 +1,8 @@
 """Where a base model comes from: a path, gs://, or a Hugging Face repository (`hf://org/name`).
 
 A repository is downloaded once into the Hugging Face cache ($HF_HOME; on a TPU host the
-training pod points it at memory) with the token from $HF_TOKEN, which the operator fills from
-a Secret; only the files a Gemma 4 checkpoint is made of are fetched.
+training pod points it at a staging disk sized for the model) with the token from $HF_TOKEN,
+which the operator fills from a Secret; only the files a Gemma 4 checkpoint is made of are fetched.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ There is no model hub here, so tests and the local demo build their own model: H
 layout (config.json, sharded safetensors + index, tokenizer.json with a Gemma-4-style chat
 template), the same files a real `google/gemma-4-*` checkpoint has, at a size that trains in
 seconds on a CPU. It has one sliding and one global layer, with K=V on the global layer, so every
-code path of the 31B model is exercised. Only numpy, safetensors and tokenizers are needed.
+code path of the 31B model is exercised. Only numpy, safetensors and tokenizers are needed, and
+transformers for the optional vision tower, which makes it the release's whole shape.
 """
 
 from __future__ import annotations
@@ -270,18 +271,68 @@ def write_checkpoint(
     dtype: str = "float32",
     seed: int = 0,
     prefix: str = "model.",
+    vision: TinyVisionConfig | None = None,
 ) -> TinyCheckpoint:
     """Write a complete HF model directory. `prefix="model.language_model."` gives the key layout
-    of the released (multimodal) checkpoints; the default is the text-only layout."""
+    of the released (multimodal) checkpoints; the default is the text-only layout. With `vision`,
+    it is the release's whole shape: a Gemma4ForConditionalGeneration whose vision tower sits
+    beside `model.language_model.` (the text weights are the same as without it, seed for seed)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    write_safetensors(random_tensors(config, seed, prefix), out, shards, dtype)
-    (out / "config.json").write_text(json.dumps(config.hf_config(dtype), indent=2))
+    tensors, hf_config = random_tensors(config, seed, prefix), config.hf_config(dtype)
+    if vision is not None:
+        towers, hf_config = vision_tower(config, vision, seed, dtype)
+        tensors = {**random_tensors(config, seed, "model.language_model."), **towers}
+    write_safetensors(tensors, out, shards, dtype)
+    (out / "config.json").write_text(json.dumps(hf_config, indent=2))
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": BOS_ID, "eos_token_id": [EOS_ID, TURN_END_ID], "pad_token_id": PAD_ID}, indent=2)
     )
     write_tokenizer(out, config.vocab_size)
     return TinyCheckpoint(out, config, shards, sorted(p.name for p in out.iterdir()))
+
+
+# ---------------------------------------------------------------------------- vision tower
+
+# The release's tensors beside `model.language_model.`: 356 of its 1,188.
+VISION_PREFIXES = ("model.vision_tower.", "model.embed_vision.")
+
+
+@dataclass(frozen=True)
+class TinyVisionConfig:
+    """A one-layer vision tower (transformers' Gemma4VisionConfig fields): a few thousand parameters."""
+
+    hidden_size: int = 32
+    intermediate_size: int = 64
+    num_hidden_layers: int = 1
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    patch_size: int = 4
+    pooling_kernel_size: int = 2
+    position_embedding_size: int = 64
+
+
+def vision_tower(
+    config: TinyConfig, vision: TinyVisionConfig, seed: int = 0, dtype: str = "float32"
+) -> tuple[dict[str, np.ndarray], dict]:
+    """(vision tensors, config.json) of a Gemma4ForConditionalGeneration that transformers builds
+    and saves itself, so names, shapes and config are the ones it writes for the release."""
+    import tempfile
+
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig, Gemma4VisionConfig
+
+    text = {k: v for k, v in config.hf_config(dtype).items() if k not in ("architectures", "model_type", "dtype")}
+    hf = Gemma4Config(text_config=Gemma4TextConfig(**text), vision_config=Gemma4VisionConfig(**asdict(vision)))
+    torch.manual_seed(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        Gemma4ForConditionalGeneration(hf).save_pretrained(tmp)
+        tensors = {k: v for f in sorted(Path(tmp).glob("*.safetensors")) for k, v in load_file(f).items()
+                   if k.startswith(VISION_PREFIXES)}  # fmt: skip
+        saved = json.loads((Path(tmp) / "config.json").read_text())
+    return tensors, {**saved, "dtype": dtype}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -293,8 +344,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dataset", help="also write a JSONL dataset here")
     parser.add_argument("--format", default="chat", choices=["chat", "prompt-completion", "text"])
     parser.add_argument("--examples", type=int, default=64)
+    parser.add_argument("--vision", action="store_true", help="the release's shape, with a tiny vision tower")
     args = parser.parse_args(argv)
-    ckpt = write_checkpoint(args.out, shards=args.shards, dtype=args.dtype, seed=args.seed)
+    vision = TinyVisionConfig() if args.vision else None
+    ckpt = write_checkpoint(args.out, shards=args.shards, dtype=args.dtype, seed=args.seed, vision=vision)
     print(json.dumps({"model": str(ckpt.path), "files": ckpt.files, "config": asdict(ckpt.config)}))
     if args.dataset:
         print(json.dumps({"dataset": str(write_dataset(args.dataset, args.format, args.examples, args.seed))}))

@@ -6,7 +6,9 @@ import hashlib
 from typing import Any
 
 from gemma_operator import api
+from gemma_operator.host import STAGING_DIR, HostPlan
 from gemma_operator.plan import CONFIG_DIR
+from gemma_operator.settings import OperatorSettings
 
 MANAGED_BY = "gemma-tpu-operator"
 PREFIX = api.GROUP  # label/annotation prefix, e.g. gemma-tpu.dev/finetune
@@ -77,9 +79,11 @@ def config_volume(config_map_name: str) -> tuple[dict, dict]:
     return volume, mount
 
 
-def shm_volume() -> tuple[dict, dict]:
-    """JAX and vLLM use /dev/shm; the container default (64 MiB) is too small."""
-    return {"name": "dshm", "emptyDir": {"medium": "Memory"}}, {"name": "dshm", "mountPath": "/dev/shm"}
+def shm_volume(size_limit: str | None = None) -> tuple[dict, dict]:
+    """JAX and vLLM use /dev/shm; the container default (64 MiB) is too small. Its files count
+    against the container's memory limit, hence the optional bound."""
+    empty_dir = {"medium": "Memory", **({"sizeLimit": size_limit} if size_limit else {})}
+    return {"name": "dshm", "emptyDir": empty_dir}, {"name": "dshm", "mountPath": "/dev/shm"}
 
 
 def storage_volume(storage: api.Storage | None) -> tuple[list[dict], list[dict]]:
@@ -87,6 +91,32 @@ def storage_volume(storage: api.Storage | None) -> tuple[list[dict], list[dict]]
         return [], []
     volume = {"name": "storage", "persistentVolumeClaim": {"claimName": storage.persistent_volume_claim}}
     return [volume], [{"name": "storage", "mountPath": storage.mount_path}]
+
+
+def staging_volume(
+    host: HostPlan | None, labels_: dict[str, str], settings: OperatorSettings
+) -> tuple[list[dict], list[dict]]:
+    """A disk for a gs:// or hf:// model, sized from it: a volume claimed with the pod (deleted
+    with it), or the node's disk; never memory."""
+    if host is None or host.staging_size is None:
+        return [], []
+    if host.staging_volume == "emptyDir":
+        source: dict[str, Any] = {"emptyDir": {"sizeLimit": host.staging_size}}
+    else:
+        claim: dict[str, Any] = {
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": host.staging_size}},
+        }  # fmt: skip
+        if settings.training_host.staging_storage_class:
+            claim["storageClassName"] = settings.training_host.staging_storage_class
+        source = {"ephemeral": {"volumeClaimTemplate": {"metadata": {"labels": dict(labels_)}, "spec": claim}}}
+    return [{"name": "staging", **source}], [{"name": "staging", "mountPath": STAGING_DIR}]
+
+
+def staging_storage(host: HostPlan | None) -> dict[str, str]:
+    """The ephemeral-storage a pod staging its model on the node's disk requests (and is limited to)."""
+    if host is None or host.staging_volume != "emptyDir" or host.staging_size is None:
+        return {}
+    return {"ephemeral-storage": host.staging_size}
 
 
 def secret_env(name: str, ref: api.SecretKeyRef) -> dict[str, Any]:

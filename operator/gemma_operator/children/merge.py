@@ -47,7 +47,10 @@ def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> d
     store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
     memory = f"{plan.merge_memory_gib}Gi"
     fuse_volumes, fuse_mounts, annotations = _output_mount(plan)
-    env = []
+    # An hf:// base is downloaded before it is read, onto a disk sized for it; gs:// is read in place.
+    staged = plan.host if plan.merge.base_model_path.startswith("hf://") else None
+    staging_volumes, staging_mounts = common.staging_volume(staged, _labels(plan), settings)
+    env = common.env_list(staged.env if staged else {})
     if plan.spec.model.hf_token_secret_ref:
         env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
     container = {
@@ -56,17 +59,17 @@ def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> d
         "command": ["python", "-m", "gemma_workloads.merge", "--config", f"{CONFIG_DIR}/{MERGE_CONFIG_FILE}"],
         "env": env,
         "resources": {
-            "requests": {"cpu": str(plan.merge.workers), "memory": memory},
-            "limits": {"memory": memory},
+            "requests": {"cpu": str(plan.merge.workers), "memory": memory, **common.staging_storage(staged)},
+            "limits": {"memory": memory, **common.staging_storage(staged)},
         },
-        "volumeMounts": [cfg_mount, *store_mounts, *fuse_mounts],
+        "volumeMounts": [cfg_mount, *staging_mounts, *store_mounts, *fuse_mounts],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": dict(common.RESTRICTED_CONTAINER),
     }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "containers": [container],
-        "volumes": [cfg_volume, *store_volumes, *fuse_volumes],
+        "volumes": [cfg_volume, *staging_volumes, *store_volumes, *fuse_volumes],
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
     }
     if settings.merge_node_selector:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gemma_operator import api, failure_policy, tpu
+from gemma_operator import api, failure_policy, host, tpu
 from gemma_operator.children import common
 from gemma_operator.plan import CONFIG_DIR, TRAIN_CONFIG_FILE, FineTunePlan
 from gemma_operator.settings import OperatorSettings
@@ -47,20 +47,18 @@ def _resources(plan: FineTunePlan, settings: OperatorSettings) -> dict[str, Any]
         amounts = {"cpu": r.cpu_profile_cpu, "memory": r.cpu_profile_memory}
         return {"requests": amounts, "limits": {"memory": r.cpu_profile_memory}}
     chips = str(plan.placement.chips_per_host)
-    return {
-        "requests": {"cpu": r.training_cpu, "memory": r.training_memory, tpu.TPU_RESOURCE: chips},
-        "limits": {"memory": r.training_memory, tpu.TPU_RESOURCE: chips},
-    }
+    # Limits equal to requests: the memory the loader was planned for is the memory it gets.
+    amounts = {"memory": plan.host.memory_request, tpu.TPU_RESOURCE: chips}
+    amounts.update(common.staging_storage(plan.host))
+    return {"requests": {"cpu": r.training_cpu, **amounts}, "limits": amounts}
 
 
 def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name: str) -> dict[str, Any]:
     cfg_volume, cfg_mount = common.config_volume(config_map_name)
-    shm, shm_mount = common.shm_volume()
+    shm, shm_mount = common.shm_volume(host.SHM_SIZE if plan.host else None)
     store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
-    # A gs:// or hf:// model is staged to local files first: on a TPU host, into its memory
-    # (/dev/shm) rather than onto the ~100 GB boot disk (the seed paper's setting).
-    staging = {"TMPDIR": "/dev/shm", "HF_HOME": "/dev/shm/huggingface"} if plan.placement.slice is not None else {}
-    env = common.env_list({**staging, **settings.training_env})
+    staging_volumes, staging_mounts = common.staging_volume(plan.host, _labels(plan), settings)
+    env = common.env_list({**(plan.host.env if plan.host else {}), **settings.training_env})
     if plan.spec.model.hf_token_secret_ref:
         env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
     container: dict[str, Any] = {
@@ -69,7 +67,7 @@ def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name
         "command": ["python", "-m", "gemma_workloads.train", "--config", f"{CONFIG_DIR}/{TRAIN_CONFIG_FILE}"],
         "env": env,
         "resources": _resources(plan, settings),
-        "volumeMounts": [cfg_mount, shm_mount, *store_mounts],
+        "volumeMounts": [cfg_mount, shm_mount, *staging_mounts, *store_mounts],
         # A crash without a result still tells the operator why, from the log's tail.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {"allowPrivilegeEscalation": False},
@@ -80,7 +78,7 @@ def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": settings.termination_grace_seconds,
         "containers": [container],
-        "volumes": [cfg_volume, shm, *store_volumes],
+        "volumes": [cfg_volume, shm, *staging_volumes, *store_volumes],
     }
     common.place(spec, plan.placement, plan.service_account)
     return {"metadata": {"labels": _labels(plan)}, "spec": spec}
