@@ -2,8 +2,11 @@
 
 The API server runs in this process; the operator runs as `gemma-tpu operator` in its own
 process (as in a cluster), so its memory is measured alone. Prints the time until every training
-Job exists, the create->Job latency percentiles, the operator's peak RSS, and, in the same run, a
-bare client creating the same ConfigMap + Job pairs itself (the API's own limit).
+Job (and every GemmaServe's Deployment) exists, the create->Job latency percentiles, the operator's
+peak RSS, the share of the operator's creates answered 409 AlreadyExists (wasted writes: under
+throttling they are the ones that get the 429s), during the burst and in steady state (every CR
+re-reconciled once more), and, in the same run, a bare client creating the same ConfigMap + Job
+pairs itself (the API's own limit).
 
     python benchmarks/operator_scale.py --count 1000
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import statistics
 import subprocess
@@ -26,9 +30,11 @@ import yaml
 
 from gemma_operator.children import training_objects
 from gemma_operator.devcluster.apiserver import ApiServer
-from gemma_operator.kube import Kube
+from gemma_operator.kube import USER_AGENT, Kube
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
+
+BENCH_AGENT = "operator-scale-benchmark"  # this script's own requests, told apart from the operator's
 
 
 def fine_tune(name: str, namespace: str) -> dict:
@@ -42,17 +48,30 @@ def fine_tune(name: str, namespace: str) -> dict:
     }  # fmt: skip
 
 
+def serve(name: str, namespace: str) -> dict:
+    return {"apiVersion": "gemma-tpu.dev/v1alpha1", "kind": "GemmaServe", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"model": {"uri": "gs://models/merged"}}}  # fmt: skip
+
+
 class Timed(ApiServer):
-    """Notes when each object is created, to measure create -> child latency."""
+    """Notes when each object is created, to measure create -> child latency, and counts the
+    operator's creates and those answered 409 AlreadyExists."""
 
     created: dict[tuple[str, str], float]
+    creates: collections.Counter
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        self.created = {}
+        self.created, self.creates = {}, collections.Counter()
 
     async def _create(self, request):  # noqa: ANN001
-        response = await super()._create(request)
+        mine = (request.headers.get("User-Agent") or "").startswith(USER_AGENT)
+        self.creates["all"] += mine
+        try:
+            response = await super()._create(request)
+        except kmock.KubernetesError as e:
+            self.creates["409"] += mine and e.status == 409
+            raise
         meta = response.payload["metadata"]
         self.created[(request.resource.plural, meta["name"])] = time.perf_counter()
         return response
@@ -73,6 +92,21 @@ async def create_all(kube: Kube, objects: list[dict], concurrency: int) -> None:
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
+def share(counts: collections.Counter, before: collections.Counter) -> str:
+    total, conflicts = counts["all"] - before["all"], counts["409"] - before["409"]
+    return f"{conflicts}/{total} ({100 * conflicts / max(total, 1):.1f} %)"
+
+
+async def settle(api: Timed, quiet: float = 1.0) -> None:
+    """Wait until the operator has made no request for `quiet` seconds."""
+    last, since = -1, time.perf_counter()
+    while time.perf_counter() - since < quiet:
+        made = sum(sum(c.values()) for agent, c in api.calls_by_agent.items() if agent.startswith(USER_AGENT))
+        if made != last:
+            last, since = made, time.perf_counter()
+        await asyncio.sleep(0.1)
+
+
 async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) -> dict:
     url = str(api.url).rstrip("/")
     kubeconfig = workdir / "kubeconfig"
@@ -91,22 +125,30 @@ async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) 
         env=env, stdout=subprocess.DEVNULL, stderr=(workdir / "operator.log").open("w"),
     )  # fmt: skip
     peak = 0
-    kube = Kube.from_url(url)
+    kube = Kube.from_url(url, user_agent=BENCH_AGENT)
     try:
         ps = psutil.Process(proc.pid)
         await asyncio.sleep(3)  # let kopf log in and start its watches
         baseline_rss = ps.memory_info().rss
-        crs = [fine_tune(f"ft-{i:05d}", "bench") for i in range(count)]
+        serves = max(1, count // 10)
+        crs = [fine_tune(f"ft-{i:05d}", "bench") for i in range(count)] + [serve(f"sv-{i:05d}", "bench") for i in range(serves)]
         start = time.perf_counter()
         await create_all(kube, crs, concurrency)
         created = time.perf_counter() - start
-        while sum(1 for (plural, _) in api.created if plural == "jobs") < count:
+        plurals = collections.Counter(plural for (plural, _) in api.created)
+        while plurals["jobs"] < count or plurals["deployments"] < serves:
             peak = max(peak, ps.memory_info().rss)
             if proc.poll() is not None:
                 raise RuntimeError("the operator exited:\n" + (workdir / "operator.log").read_text()[-3000:])
             await asyncio.sleep(0.05)
+            plurals = collections.Counter(plural for (plural, _) in api.created)
         total = time.perf_counter() - start
         peak = max(peak, ps.memory_info().rss)
+        await settle(api)
+        burst = collections.Counter(api.creates)
+        for cr in crs:  # steady state: each CR reconciled once more, its children all there
+            await kube.patch(cr["kind"], "bench", cr["metadata"]["name"], {"metadata": {"labels": {"touched": "1"}}})
+        await settle(api)
     finally:
         proc.terminate()  # the API server shares this loop: keep serving while kopf shuts down
         for _ in range(600):
@@ -120,12 +162,13 @@ async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) 
         if plural == "jobs":
             cr = name.rsplit("-train-", 1)[0]
             latencies.append(t - api.created[("gemmafinetunes", cr)])
-    return {"created_s": created, "total_s": total, "latencies": latencies, "rss_idle": baseline_rss, "rss_peak": peak}
+    return {"created_s": created, "total_s": total, "latencies": latencies, "rss_idle": baseline_rss, "rss_peak": peak,
+            "burst_409": share(burst, collections.Counter()), "steady_409": share(api.creates, burst)}  # fmt: skip
 
 
 async def run_bare(api: Timed, count: int, concurrency: int) -> dict:
     """A client that creates what the operator would, with no reconciling: the API's ceiling."""
-    kube = Kube.from_url(str(api.url))
+    kube = Kube.from_url(str(api.url), user_agent=BENCH_AGENT)
     settings = OperatorSettings()
     objects = []
     for i in range(count):
@@ -155,6 +198,7 @@ async def main(count: int, concurrency: int) -> None:
     print(f"operator: all training Jobs in  {op['total_s']:.2f} s ({count / op['total_s']:.0f} CRs/s; CR creation took {op['created_s']:.2f} s)")
     print(f"operator: create->Job latency   p50 {statistics.median(lat) * 1000:.0f} ms, p99 {percentile(lat, 0.99) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms")
     print(f"operator: RSS                   {op['rss_idle'] / 2**20:.0f} MiB idle, {op['rss_peak'] / 2**20:.0f} MiB peak")
+    print(f"operator: creates answered 409  {op['burst_409']} until every child exists, {op['steady_409']} in steady state")
     print(f"bare client: same objects in    {bare['total_s']:.2f} s ({count / bare['total_s']:.0f} pairs/s)")
     print(f"ratio operator/bare (time):     {op['total_s'] / bare['total_s']:.2f}x")
 

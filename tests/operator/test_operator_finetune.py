@@ -187,13 +187,18 @@ async def test_a_spec_change_starts_a_new_run_and_stops_the_old_one(operator, cl
     p2, second, _ = names(finetune("rerun").tpu("v5p").training(learningRate=3e-4))
     await cluster.job(NS, second)
     await cluster.wait_for(lambda: _gone(cluster, first), message="old run's Job deleted")
-    ft = await cluster.get("GemmaFineTune", NS, "rerun")
-    assert ft["status"]["run"] == p2.run != p1.run and "progress" not in ft["status"]
+    ft = await cluster.wait_for(lambda: _on_run(cluster, "rerun", p2.run), message="status on the new run")
+    assert p2.run != p1.run and "progress" not in ft["status"]
     assert json.loads((await cluster.get("ConfigMap", NS, second))["data"]["train.json"])["output_dir"] == p2.run_dir
 
 
 async def _gone(cluster, name):
     return await cluster.get("Job", NS, name) is None
+
+
+async def _on_run(cluster, name, run):
+    ft = await cluster.get("GemmaFineTune", NS, name)
+    return ft if ft["status"].get("run") == run else None
 
 
 async def test_deletion_collects_children_and_leaves_artifacts(operator, cluster, tmp_path):
