@@ -8,7 +8,13 @@ throttling they are the ones that get the 429s), during the burst and in steady 
 re-reconciled once more), and, in the same run, a bare client creating the same ConfigMap + Job
 pairs itself (the API's own limit).
 
+With --fault-rate, the in-process API fails that share of the operator's writes (500 before or
+after the write, 429 with Retry-After), closes its watches every few seconds and answers some
+resumes 410, and the operator polls at its default period: the figures then include the time
+until every CR's status records its children (statuses that tell the truth).
+
     python benchmarks/operator_scale.py --count 1000
+    python benchmarks/operator_scale.py --count 20 --fault-rate 0.2
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import psutil
 import yaml
 
 from gemma_operator.children import training_objects
-from gemma_operator.devcluster.apiserver import ApiServer
+from gemma_operator.devcluster.faults import FaultyApiServer
 from gemma_operator.kube import USER_AGENT, Kube
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
@@ -49,11 +55,11 @@ def fine_tune(name: str, namespace: str) -> dict:
 
 
 def serve(name: str, namespace: str) -> dict:
-    return {"apiVersion": "gemma-tpu.dev/v1alpha1", "kind": "GemmaServe", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"model": {"uri": "gs://models/merged"}}}  # fmt: skip
+    return {"apiVersion": "gemma-tpu.dev/v1alpha1", "kind": "GemmaServe",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"model": {"uri": "gs://models/merged"}}}
 
 
-class Timed(ApiServer):
+class Timed(FaultyApiServer):
     """Notes when each object is created, to measure create -> child latency, and counts the
     operator's creates and those answered 409 AlreadyExists."""
 
@@ -107,6 +113,20 @@ async def settle(api: Timed, quiet: float = 1.0) -> None:
         await asyncio.sleep(0.1)
 
 
+async def truthful(kube: Kube, crs: list[dict], limit: float) -> float | None:
+    """Seconds until every CR's status records its children (None: not within `limit`)."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < limit:
+        lying = 0
+        for kind, done in (("GemmaFineTune", lambda st: (st.get("children") or {}).get("training")),
+                           ("GemmaServe", lambda st: st.get("phase") == "Deploying")):  # fmt: skip
+            lying += sum(not done(o.get("status") or {}) for o in await kube.list(kind, "bench"))
+        if not lying:
+            return time.perf_counter() - start
+        await asyncio.sleep(0.5)
+    return None
+
+
 async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) -> dict:
     url = str(api.url).rstrip("/")
     kubeconfig = workdir / "kubeconfig"
@@ -117,7 +137,8 @@ async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) 
         "users": [{"name": "bench", "user": {"token": "bench"}}],
     }))  # fmt: skip
     settings = workdir / "settings.yaml"
-    settings.write_text(yaml.safe_dump({"progress_poll_seconds": 3600}))  # measure events, not polling
+    faulty = api.write_fault_rate > 0  # then the poller runs at its default period, as on a cluster
+    settings.write_text(yaml.safe_dump({} if faulty else {"progress_poll_seconds": 3600}))  # events, not polling
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gemma_operator.cli", "operator", "--standalone", "--liveness", "",
@@ -131,7 +152,8 @@ async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) 
         await asyncio.sleep(3)  # let kopf log in and start its watches
         baseline_rss = ps.memory_info().rss
         serves = max(1, count // 10)
-        crs = [fine_tune(f"ft-{i:05d}", "bench") for i in range(count)] + [serve(f"sv-{i:05d}", "bench") for i in range(serves)]
+        crs = [fine_tune(f"ft-{i:05d}", "bench") for i in range(count)]
+        crs += [serve(f"sv-{i:05d}", "bench") for i in range(serves)]
         start = time.perf_counter()
         await create_all(kube, crs, concurrency)
         created = time.perf_counter() - start
@@ -144,6 +166,7 @@ async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) 
             plurals = collections.Counter(plural for (plural, _) in api.created)
         total = time.perf_counter() - start
         peak = max(peak, ps.memory_info().rss)
+        statuses = await truthful(kube, crs, 120) if faulty else None
         await settle(api)
         burst = collections.Counter(api.creates)
         for cr in crs:  # steady state: each CR reconciled once more, its children all there
@@ -163,7 +186,8 @@ async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) 
             cr = name.rsplit("-train-", 1)[0]
             latencies.append(t - api.created[("gemmafinetunes", cr)])
     return {"created_s": created, "total_s": total, "latencies": latencies, "rss_idle": baseline_rss, "rss_peak": peak,
-            "burst_409": share(burst, collections.Counter()), "steady_409": share(api.creates, burst)}  # fmt: skip
+            "burst_409": share(burst, collections.Counter()), "steady_409": share(api.creates, burst),
+            "statuses_s": statuses}  # fmt: skip
 
 
 async def run_bare(api: Timed, count: int, concurrency: int) -> dict:
@@ -187,18 +211,26 @@ async def run_bare(api: Timed, count: int, concurrency: int) -> dict:
     return {"total_s": time.perf_counter() - start}
 
 
-async def main(count: int, concurrency: int) -> None:
-    async with Timed() as api, kmock.Server(api):
+async def main(count: int, concurrency: int, fault_rate: float) -> None:
+    faults = dict(write_fault_rate=fault_rate, watch_lifetime=5.0, expire_rate=0.2) if fault_rate else {}
+    async with Timed(**faults) as api, kmock.Server(api):
         api.register_defaults()
         with tempfile.TemporaryDirectory() as tmp:
             op = await run_operator(api, count, concurrency, Path(tmp))
+        api.calm()
         bare = await run_bare(api, count, concurrency)
     lat = op["latencies"]
     print(f"GemmaFineTunes:                 {count} (created by {concurrency} concurrent clients)")
     print(f"operator: all training Jobs in  {op['total_s']:.2f} s ({count / op['total_s']:.0f} CRs/s; CR creation took {op['created_s']:.2f} s)")
     print(f"operator: create->Job latency   p50 {statistics.median(lat) * 1000:.0f} ms, p99 {percentile(lat, 0.99) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms")
     print(f"operator: RSS                   {op['rss_idle'] / 2**20:.0f} MiB idle, {op['rss_peak'] / 2**20:.0f} MiB peak")
-    print(f"operator: creates answered 409  {op['burst_409']} until every child exists, {op['steady_409']} in steady state")
+    if fault_rate:
+        truth = f"{op['statuses_s']:.1f} s later" if op["statuses_s"] is not None else "NOT within 120 s"
+        injected = sum(api.injected.values())
+        print(f"faults injected:                {injected} ({fault_rate:.0%} of the operator's writes, watch drops, 410s)")
+        print(f"operator: every status records its children {truth}")
+    print(f"operator: creates answered 409  {op['burst_409']} until every child exists, "
+          f"{op['steady_409']} in steady state")
     print(f"bare client: same objects in    {bare['total_s']:.2f} s ({count / bare['total_s']:.0f} pairs/s)")
     print(f"ratio operator/bare (time):     {op['total_s'] / bare['total_s']:.2f}x")
 
@@ -207,5 +239,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--fault-rate", type=float, default=0.0, help="share of the operator's writes failed")
     args = parser.parse_args()
-    asyncio.run(main(args.count, args.concurrency))
+    asyncio.run(main(args.count, args.concurrency, args.fault_rate))

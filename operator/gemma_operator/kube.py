@@ -62,7 +62,9 @@ class ApiError(Exception):
     """An API answer other than 2xx; `request` names the call (verb and path), `retry_after` is the
     server's Retry-After in seconds (429, 503), when it gave one."""
 
-    def __init__(self, status: int, reason: str, message: str, request: str = "", retry_after: float | None = None) -> None:
+    def __init__(
+        self, status: int, reason: str, message: str, request: str = "", retry_after: float | None = None
+    ) -> None:
         super().__init__(f"{status} {reason}: {message}" + (f" ({request})" if request else ""))
         self.status, self.reason, self.message = status, reason, message
         self.request, self.retry_after = request, retry_after
@@ -77,7 +79,8 @@ def _error(e: ApiException, request: str = "") -> ApiError:
         retry_after = float((e.headers or {}).get("Retry-After"))
     except (TypeError, ValueError):
         retry_after = None
-    return ApiError(e.status, body.get("reason") or str(e.reason), body.get("message") or str(e.body), request, retry_after)
+    reason, message = body.get("reason") or str(e.reason), body.get("message") or str(e.body)
+    return ApiError(e.status, reason, message, request, retry_after)
 
 
 class Kube:

@@ -41,6 +41,7 @@ SERVING_KINDS = ("Deployment", "LeaderWorkerSet", "HorizontalPodAutoscaler", "Po
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+Seen = dict[tuple[str, str], dict | None]  # children read in this reconcile by (kind, name); None: absent
 ACTIVE = ("Pending", "Training", "Merging", "Suspended", "WaitingForModel", "Deploying")
 
 
@@ -93,7 +94,7 @@ class Controller:
         body = await self.kube.get(api.FINETUNE.kind, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
-        seen: dict[tuple[str, str], dict | None] = {}
+        seen: Seen = {}
         view = await self._observe_finetune(body, seen)
         decision = finetune_flow.decide(view, self.settings)
         await self._apply(body, decision, seen)
@@ -106,7 +107,7 @@ class Controller:
             if added > 0 and st.get("run") == (body.get("status") or {}).get("run"):
                 metrics.CHIP_HOURS.labels(view.plan.placement.accelerator).inc(added)
 
-    async def _observe_finetune(self, body: dict, seen: dict[tuple[str, str], dict | None]) -> finetune_flow.FineTuneView:
+    async def _observe_finetune(self, body: dict, seen: Seen) -> finetune_flow.FineTuneView:
         """What exists for this GemmaFineTune; `seen` gets every child read, found or not."""
         meta, status = body["metadata"], body.get("status") or {}
         namespace, name = meta["namespace"], meta["name"]
@@ -178,7 +179,7 @@ class Controller:
                               labels=meta.get("labels"))  # fmt: skip
         except SpecError as e:
             problems = e.problems
-        seen: dict[tuple[str, str], dict | None] = {}
+        seen: Seen = {}
         view = serve_flow.ServeView(**_observed(body, api.SERVE), plan=plan, problems=problems, fine_tune_name=ref,
                                     fine_tune=fine_tune)  # fmt: skip
         if plan is not None and plan.model_uri:
@@ -198,7 +199,7 @@ class Controller:
 
     # ------------------------------------------------------------------ applying
 
-    async def _apply(self, body: dict, d: Decision, seen: dict[tuple[str, str], dict | None]) -> None:
+    async def _apply(self, body: dict, d: Decision, seen: Seen) -> None:
         """Write what the decision asks, children first. Its Events go before the status that
         records the phase change, so a failed reconcile (retried) posts them again, once."""
         meta = body["metadata"]
@@ -211,7 +212,8 @@ class Controller:
             await self.kube.ensure(obj, MUTABLE[obj["kind"]], current)
         for kind, name, patch in d.patch:  # against the object as observed: a concurrent change answers 409
             observed = (seen.get((kind, name)) or {}).get("metadata", {}).get("resourceVersion")
-            patch = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": observed}} if observed else patch
+            if observed:
+                patch = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": observed}}
             await self.kube.patch(kind, namespace, name, patch)
         for type_, reason, message in d.events:
             try:

@@ -69,14 +69,16 @@ async def test_a_degraded_ready_serve_shows_it_within_seconds_despite_faults(api
     apiserver.inject(THROTTLED, "patch", "gemmaserves/status", "chat")
     apiserver.inject(BEFORE_WRITE, "patch", "gemmaserves/status", "chat")
     with caplog.at_level(logging.WARNING, "gemma_operator"):
-        await cluster.kube.patch("Deployment", NS, "chat-vllm", {"status": {"readyReplicas": 1, "availableReplicas": 1}},
-                                 status=True)  # fmt: skip
+        died = {"status": {"readyReplicas": 1, "availableReplicas": 1}}  # a serving pod died
+        await cluster.kube.patch("Deployment", NS, "chat-vllm", died, status=True)
         gsv = await cluster.phase("GemmaServe", NS, "chat", "Deploying", timeout=10)
     assert gsv["status"]["readyReplicas"] == 1
     assert sum(apiserver.injected.values()) == 2
     failures = [r.getMessage() for r in caplog.records if "failed, retrying" in r.getMessage()]
     assert len(failures) == 2 and all("GemmaServe default/chat" in m for m in failures), failures
-    assert "429" in failures[0] and "PATCH /apis/gemma-tpu.dev/v1alpha1/namespaces/default/gemmaserves/chat/status" in failures[0]
+    assert "429" in failures[0] and "PATCH /apis/gemma-tpu.dev/v1alpha1/namespaces/default/gemmaserves/chat/status" in (
+        failures[0])
+    assert "retrying in 1.0 s" in failures[0], "the first back-off is 0.5 s, but the API asked for 1 s"
 
 
 async def test_a_phase_change_event_lost_with_its_reconcile_is_posted_again_once(apiserver, operator, cluster):
@@ -132,7 +134,8 @@ async def test_under_faults_and_a_restart_every_status_agrees_with_its_children(
     await admin.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf", "namespace": NS},
                         "data": {"token": base64.b64encode(SECRET.encode()).decode()}})  # fmt: skip
     a = finetune("ft-a").tpu("v5p")
-    b = finetune("ft-b").tpu("v5p").set("model", {"hfRepo": "google/gemma-4-31B-it", "hfTokenSecretRef": {"name": "hf"}})
+    b = finetune("ft-b").tpu("v5p").set("model", {"hfRepo": "google/gemma-4-31B-it",
+                                                  "hfTokenSecretRef": {"name": "hf"}})
     with caplog.at_level(logging.INFO):
         async with running_operator(apiserver):
             for cr in (a, b, serve("chat").fine_tune("ft-a").set("replicas", 2)):
@@ -156,9 +159,10 @@ async def test_under_faults_and_a_restart_every_status_agrees_with_its_children(
         p = plan_finetune(cr.name, NS, cr.spec, OperatorSettings())
         st = (await cluster.get("GemmaFineTune", NS, cr.name))["status"]
         assert st["phase"] == "Succeeded" and st["attempt"] == 1, st
-        assert st["children"] == {"configMap": _training_name(cr), "training": _training_name(cr), "merge": merge.name(p)}
+        train = _training_name(cr)
+        assert st["children"] == {"configMap": train, "training": train, "merge": merge.name(p)}
         jobs = await cluster.kube.list("Job", NS, f"app.kubernetes.io/instance={cr.name}")
-        assert sorted(j["metadata"]["name"] for j in jobs) == sorted([_training_name(cr), merge.name(p)]), "no duplicate"
+        assert sorted(j["metadata"]["name"] for j in jobs) == sorted([train, merge.name(p)]), "no duplicate"
     everything = [o for (res, _, _), o in apiserver.objects.items() if res.plural != "secrets"]
     assert SECRET not in repr(everything) + caplog.text
     assert base64.b64encode(SECRET.encode()).decode() not in repr(everything) + caplog.text

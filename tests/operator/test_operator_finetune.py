@@ -153,8 +153,8 @@ async def test_a_vanished_job_is_a_new_attempt_within_the_budget(operator, clust
     second = training.names(p, 2)[0]
     job2 = await cluster.job(NS, second)
     assert job2["spec"]["backoffLimit"] == 0, "the new attempt gets what is left of the budget"
-    ft = await cluster.get("GemmaFineTune", NS, "lost")
-    assert (ft["status"]["attempt"], ft["status"]["restarts"]) == (2, 1)
+    ft = await cluster.wait_for(lambda: _attempt(cluster, "lost", 2), message="attempt 2 in status")
+    assert ft["status"]["restarts"] == 1
     assert any(e["reason"] == "TrainingRecreated" for e in await _events(cluster, "lost"))
     await cluster.kube.delete("Job", NS, second)
     ft = await cluster.phase("GemmaFineTune", NS, "lost", "Failed")
@@ -194,6 +194,11 @@ async def test_a_spec_change_starts_a_new_run_and_stops_the_old_one(operator, cl
 
 async def _gone(cluster, name):
     return await cluster.get("Job", NS, name) is None
+
+
+async def _attempt(cluster, name, attempt):
+    ft = await cluster.get("GemmaFineTune", NS, name)
+    return ft if ft["status"].get("attempt") == attempt else None
 
 
 async def _on_run(cluster, name, run):

@@ -93,7 +93,8 @@ class FaultyApiServer(ApiServer):
     def _answer(self, fault: str) -> kmock.Response:
         code, reason = (429, "TooManyRequests") if fault == THROTTLED else (500, "InternalError")
         status = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": reason,
-                  "message": f"injected fault: {fault}", "details": {"retryAfterSeconds": self.retry_after}}  # fmt: skip
+                  "message": f"injected fault: {fault}",
+                  "details": {"retryAfterSeconds": self.retry_after}}  # fmt: skip
         headers = {"Retry-After": str(self.retry_after)} if fault == THROTTLED else None
         return kmock.Response(status=code, payload=status, headers=headers)
 
