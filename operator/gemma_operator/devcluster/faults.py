@@ -91,6 +91,8 @@ class FaultyApiServer(ApiServer):
         return None
 
     def _answer(self, fault: str) -> kmock.Response:
+        """The API server's throttling answers 429 with a Retry-After header (kubernetes
+        k8s.io/apiserver pkg/server/filters maxinflight.go and priority-and-fairness.go, `tooManyRequests`)."""
         code, reason = (429, "TooManyRequests") if fault == THROTTLED else (500, "InternalError")
         status = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": reason,
                   "message": f"injected fault: {fault}",
