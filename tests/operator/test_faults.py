@@ -9,6 +9,7 @@ import logging
 import kmock
 import pytest_asyncio
 
+from gemma_operator import retries
 from gemma_operator.children import merge, training
 from gemma_operator.devcluster.faults import AFTER_WRITE, BEFORE_WRITE, THROTTLED, WATCH_EXPIRED, FaultyApiServer
 from gemma_operator.kube import LOCAL_KINDS, ApiError, Kube
@@ -28,6 +29,15 @@ async def apiserver():
     async with FaultyApiServer(seed=18) as api, kmock.Server(api):
         api.register_defaults()
         yield api
+
+
+def test_back_off_doubles_up_to_its_cap_and_never_undercuts_retry_after():
+    plain = RuntimeError("boom")
+    assert [retries.delay(n, plain) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
+    assert retries.delay(20, plain) == retries.CAP
+    throttled = ApiError(429, "TooManyRequests", "slow down", "PATCH /x", retry_after=5)
+    assert retries.delay(1, throttled) == 5 and retries.delay(5, throttled) == 8.0
+    assert retries.delay(1, ApiError(429, "TooManyRequests", "", retry_after=3600)) == retries.CAP
 
 
 def _training_name(b, attempt=1):
