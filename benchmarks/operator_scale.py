@@ -2,16 +2,26 @@
 
 The API server runs in this process; the operator runs as `gemma-tpu operator` in its own
 process (as in a cluster), so its memory is measured alone. Prints the time until every training
-Job exists, the create->Job latency percentiles, the operator's peak RSS, and, in the same run, a
-bare client creating the same ConfigMap + Job pairs itself (the API's own limit).
+Job (and every GemmaServe's Deployment) exists, the create->Job latency percentiles, the operator's
+peak RSS, the share of the operator's creates answered 409 AlreadyExists (wasted writes: under
+throttling they are the ones that get the 429s), during the burst and in steady state (every CR
+re-reconciled once more), and, in the same run, a bare client creating the same ConfigMap + Job
+pairs itself (the API's own limit).
+
+With --fault-rate, the in-process API fails that share of the operator's writes (500 before or
+after the write, 429 with Retry-After), closes its watches every few seconds and answers some
+resumes 410, and the operator polls at its default period: the figures then include the time
+until every CR's status records its children (statuses that tell the truth).
 
     python benchmarks/operator_scale.py --count 1000
+    python benchmarks/operator_scale.py --count 20 --fault-rate 0.2
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import statistics
 import subprocess
@@ -25,10 +35,12 @@ import psutil
 import yaml
 
 from gemma_operator.children import training_objects
-from gemma_operator.devcluster.apiserver import ApiServer
-from gemma_operator.kube import Kube
+from gemma_operator.devcluster.faults import FaultyApiServer
+from gemma_operator.kube import USER_AGENT, Kube
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
+
+BENCH_AGENT = "operator-scale-benchmark"  # this script's own requests, told apart from the operator's
 
 
 def fine_tune(name: str, namespace: str) -> dict:
@@ -42,17 +54,30 @@ def fine_tune(name: str, namespace: str) -> dict:
     }  # fmt: skip
 
 
-class Timed(ApiServer):
-    """Notes when each object is created, to measure create -> child latency."""
+def serve(name: str, namespace: str) -> dict:
+    return {"apiVersion": "gemma-tpu.dev/v1alpha1", "kind": "GemmaServe",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"model": {"uri": "gs://models/merged"}}}
+
+
+class Timed(FaultyApiServer):
+    """Notes when each object is created, to measure create -> child latency, and counts the
+    operator's creates and those answered 409 AlreadyExists."""
 
     created: dict[tuple[str, str], float]
+    creates: collections.Counter
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        self.created = {}
+        self.created, self.creates = {}, collections.Counter()
 
     async def _create(self, request):  # noqa: ANN001
-        response = await super()._create(request)
+        mine = (request.headers.get("User-Agent") or "").startswith(USER_AGENT)
+        self.creates["all"] += mine
+        try:
+            response = await super()._create(request)
+        except kmock.KubernetesError as e:
+            self.creates["409"] += mine and e.status == 409
+            raise
         meta = response.payload["metadata"]
         self.created[(request.resource.plural, meta["name"])] = time.perf_counter()
         return response
@@ -73,6 +98,35 @@ async def create_all(kube: Kube, objects: list[dict], concurrency: int) -> None:
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
+def share(counts: collections.Counter, before: collections.Counter) -> str:
+    total, conflicts = counts["all"] - before["all"], counts["409"] - before["409"]
+    return f"{conflicts}/{total} ({100 * conflicts / max(total, 1):.1f} %)"
+
+
+async def settle(api: Timed, quiet: float = 1.0) -> None:
+    """Wait until the operator has made no request for `quiet` seconds."""
+    last, since = -1, time.perf_counter()
+    while time.perf_counter() - since < quiet:
+        made = sum(sum(c.values()) for agent, c in api.calls_by_agent.items() if agent.startswith(USER_AGENT))
+        if made != last:
+            last, since = made, time.perf_counter()
+        await asyncio.sleep(0.1)
+
+
+async def truthful(kube: Kube, crs: list[dict], limit: float) -> float | None:
+    """Seconds until every CR's status records its children (None: not within `limit`)."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < limit:
+        lying = 0
+        for kind, done in (("GemmaFineTune", lambda st: (st.get("children") or {}).get("training")),
+                           ("GemmaServe", lambda st: st.get("phase") == "Deploying")):  # fmt: skip
+            lying += sum(not done(o.get("status") or {}) for o in await kube.list(kind, "bench"))
+        if not lying:
+            return time.perf_counter() - start
+        await asyncio.sleep(0.5)
+    return None
+
+
 async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) -> dict:
     url = str(api.url).rstrip("/")
     kubeconfig = workdir / "kubeconfig"
@@ -83,7 +137,8 @@ async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) 
         "users": [{"name": "bench", "user": {"token": "bench"}}],
     }))  # fmt: skip
     settings = workdir / "settings.yaml"
-    settings.write_text(yaml.safe_dump({"progress_poll_seconds": 3600}))  # measure events, not polling
+    faulty = api.write_fault_rate > 0  # then the poller runs at its default period, as on a cluster
+    settings.write_text(yaml.safe_dump({} if faulty else {"progress_poll_seconds": 3600}))  # events, not polling
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gemma_operator.cli", "operator", "--standalone", "--liveness", "",
@@ -91,22 +146,32 @@ async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) 
         env=env, stdout=subprocess.DEVNULL, stderr=(workdir / "operator.log").open("w"),
     )  # fmt: skip
     peak = 0
-    kube = Kube.from_url(url)
+    kube = Kube.from_url(url, user_agent=BENCH_AGENT)
     try:
         ps = psutil.Process(proc.pid)
         await asyncio.sleep(3)  # let kopf log in and start its watches
         baseline_rss = ps.memory_info().rss
+        serves = max(1, count // 10)
         crs = [fine_tune(f"ft-{i:05d}", "bench") for i in range(count)]
+        crs += [serve(f"sv-{i:05d}", "bench") for i in range(serves)]
         start = time.perf_counter()
         await create_all(kube, crs, concurrency)
         created = time.perf_counter() - start
-        while sum(1 for (plural, _) in api.created if plural == "jobs") < count:
+        plurals = collections.Counter(plural for (plural, _) in api.created)
+        while plurals["jobs"] < count or plurals["deployments"] < serves:
             peak = max(peak, ps.memory_info().rss)
             if proc.poll() is not None:
                 raise RuntimeError("the operator exited:\n" + (workdir / "operator.log").read_text()[-3000:])
             await asyncio.sleep(0.05)
+            plurals = collections.Counter(plural for (plural, _) in api.created)
         total = time.perf_counter() - start
         peak = max(peak, ps.memory_info().rss)
+        statuses = await truthful(kube, crs, 120) if faulty else None
+        await settle(api)
+        burst = collections.Counter(api.creates)
+        for cr in crs:  # steady state: each CR reconciled once more, its children all there
+            await kube.patch(cr["kind"], "bench", cr["metadata"]["name"], {"metadata": {"labels": {"touched": "1"}}})
+        await settle(api)
     finally:
         proc.terminate()  # the API server shares this loop: keep serving while kopf shuts down
         for _ in range(600):
@@ -120,12 +185,14 @@ async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) 
         if plural == "jobs":
             cr = name.rsplit("-train-", 1)[0]
             latencies.append(t - api.created[("gemmafinetunes", cr)])
-    return {"created_s": created, "total_s": total, "latencies": latencies, "rss_idle": baseline_rss, "rss_peak": peak}
+    return {"created_s": created, "total_s": total, "latencies": latencies, "rss_idle": baseline_rss, "rss_peak": peak,
+            "burst_409": share(burst, collections.Counter()), "steady_409": share(api.creates, burst),
+            "statuses_s": statuses}  # fmt: skip
 
 
 async def run_bare(api: Timed, count: int, concurrency: int) -> dict:
     """A client that creates what the operator would, with no reconciling: the API's ceiling."""
-    kube = Kube.from_url(str(api.url))
+    kube = Kube.from_url(str(api.url), user_agent=BENCH_AGENT)
     settings = OperatorSettings()
     objects = []
     for i in range(count):
@@ -144,17 +211,26 @@ async def run_bare(api: Timed, count: int, concurrency: int) -> dict:
     return {"total_s": time.perf_counter() - start}
 
 
-async def main(count: int, concurrency: int) -> None:
-    async with Timed() as api, kmock.Server(api):
+async def main(count: int, concurrency: int, fault_rate: float) -> None:
+    faults = dict(write_fault_rate=fault_rate, watch_lifetime=5.0, expire_rate=0.2) if fault_rate else {}
+    async with Timed(**faults) as api, kmock.Server(api):
         api.register_defaults()
         with tempfile.TemporaryDirectory() as tmp:
             op = await run_operator(api, count, concurrency, Path(tmp))
+        api.calm()
         bare = await run_bare(api, count, concurrency)
     lat = op["latencies"]
     print(f"GemmaFineTunes:                 {count} (created by {concurrency} concurrent clients)")
     print(f"operator: all training Jobs in  {op['total_s']:.2f} s ({count / op['total_s']:.0f} CRs/s; CR creation took {op['created_s']:.2f} s)")
     print(f"operator: create->Job latency   p50 {statistics.median(lat) * 1000:.0f} ms, p99 {percentile(lat, 0.99) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms")
     print(f"operator: RSS                   {op['rss_idle'] / 2**20:.0f} MiB idle, {op['rss_peak'] / 2**20:.0f} MiB peak")
+    if fault_rate:
+        truth = f"{op['statuses_s']:.1f} s later" if op["statuses_s"] is not None else "NOT within 120 s"
+        injected = sum(api.injected.values())
+        print(f"faults injected:                {injected} ({fault_rate:.0%} of the operator's writes, watch drops, 410s)")
+        print(f"operator: every status records its children {truth}")
+    print(f"operator: creates answered 409  {op['burst_409']} until every child exists, "
+          f"{op['steady_409']} in steady state")
     print(f"bare client: same objects in    {bare['total_s']:.2f} s ({count / bare['total_s']:.0f} pairs/s)")
     print(f"ratio operator/bare (time):     {op['total_s'] / bare['total_s']:.2f}x")
 
@@ -163,5 +239,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--fault-rate", type=float, default=0.0, help="share of the operator's writes failed")
     args = parser.parse_args()
-    asyncio.run(main(args.count, args.concurrency))
+    asyncio.run(main(args.count, args.concurrency, args.fault_rate))

@@ -98,6 +98,7 @@ def _training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
         _cond(v, st, "Suspended", p.spec.suspend, "Suspended" if p.spec.suspend else "Running", "")
         return
 
+    st.setdefault("children", {}).update(configMap=name, training=name)  # recorded whatever wrote it
     outcome = failure_policy.outcome(wl)
     wish = str(p.spec.suspend).lower()
     asked = (wl["metadata"].get("annotations") or {}).get(training.SUSPEND_ANNOTATION)

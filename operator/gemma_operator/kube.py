@@ -55,20 +55,32 @@ LOCAL_KINDS = {**KINDS, "Secret": _kind("v1", "secrets", "list"), "Namespace": _
 POD_LOG = "pods/log"  # read for live training progress
 # Names the operator's requests in API server audit logs (and lets tests tell them from their own).
 USER_AGENT = "gemma-tpu-operator"
+UNREAD = object()  # `Kube.ensure`: what exists was not read yet
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
+    """An API answer other than 2xx; `request` names the call (verb and path), `retry_after` is the
+    server's Retry-After in seconds (429, 503), when it gave one."""
+
+    def __init__(
+        self, status: int, reason: str, message: str, request: str = "", retry_after: float | None = None
+    ) -> None:
+        super().__init__(f"{status} {reason}: {message}" + (f" ({request})" if request else ""))
         self.status, self.reason, self.message = status, reason, message
+        self.request, self.retry_after = request, retry_after
 
 
-def _error(e: ApiException) -> ApiError:
+def _error(e: ApiException, request: str = "") -> ApiError:
     try:
         body = json.loads(e.body or "{}")
     except ValueError:
         body = {}
-    return ApiError(e.status, body.get("reason") or str(e.reason), body.get("message") or str(e.body))
+    try:
+        retry_after = float((e.headers or {}).get("Retry-After"))
+    except (TypeError, ValueError):
+        retry_after = None
+    reason, message = body.get("reason") or str(e.reason), body.get("message") or str(e.body)
+    return ApiError(e.status, reason, message, request, retry_after)
 
 
 class Kube:
@@ -109,10 +121,10 @@ class Kube:
                 resp = c.call_api(method_, url, header_params=headers, body=data)
                 resp.read()
             except ApiException as e:
-                raise _error(e) from None
+                raise _error(e, f"{method} {path}") from None
             text = (resp.data or b"").decode()
             if not 200 <= resp.status < 300:
-                raise _error(ApiException(status=resp.status, reason=resp.reason, body=text))
+                raise _error(ApiException(http_resp=resp), f"{method} {path}")
             return text if raw else json.loads(text or "null")
 
         return await asyncio.to_thread(call)
@@ -155,35 +167,50 @@ class Kube:
             raise
 
     async def event(self, involved: dict, type_: str, reason: str, message: str) -> None:
-        """A core/v1 Event on a CR, shown by `kubectl describe`."""
+        """A core/v1 Event on a CR, shown by `kubectl describe`. Its name is derived from what it
+        says and from the resourceVersion of the CR it was decided on, so posting it again after a
+        failed reconcile (or an answer lost after the write) finds it there instead of doubling it."""
         meta = involved["metadata"]
         t = timestamp(now())
-        await self.create({
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": involved["apiVersion"], "kind": involved["kind"], "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta["uid"]},
-            "type": type_, "reason": reason, "message": message[:1024], "count": 1,
-            "firstTimestamp": t, "lastTimestamp": t, "source": {"component": "gemma-tpu-operator"},
-        })  # fmt: skip
+        key = _hash([meta["uid"], meta.get("resourceVersion"), type_, reason, message])
+        try:
+            await self.create({
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": f"{meta['name']}.{key}", "namespace": meta["namespace"]},
+                "involvedObject": {"apiVersion": involved["apiVersion"], "kind": involved["kind"], "name": meta["name"],
+                                   "namespace": meta["namespace"], "uid": meta["uid"]},
+                "type": type_, "reason": reason, "message": message[:1024], "count": 1,
+                "firstTimestamp": t, "lastTimestamp": t, "source": {"component": "gemma-tpu-operator"},
+            })  # fmt: skip
+        except ApiError as e:
+            if e.status != 409:
+                raise
 
-    async def ensure(self, obj: dict, mutable: tuple[str, ...] = ()) -> dict:
-        """Create the object, or re-apply its `mutable` spec fields when what we want of them
-        changed since we last applied them. The hash of the wanted fields is kept in an
-        annotation, so defaults the API server adds, and changes other controllers make (Kueue
-        suspending a Job, an HPA scaling a Deployment), are not fought over."""
+    async def ensure(self, obj: dict, mutable: tuple[str, ...] = (), current: dict | None | object = UNREAD) -> dict:
+        """Create the object if it is missing, or re-apply its `mutable` spec fields when what we
+        want of them changed since we last applied them. The hash of the wanted fields is kept in
+        an annotation, so defaults the API server adds, and changes other controllers make (Kueue
+        suspending a Job, an HPA scaling a Deployment), are not fought over.
+
+        What exists is read first (or taken from `current`, when the caller observed it in this
+        reconcile), so children already in place cost no write. A patch carries the
+        resourceVersion it was computed from: a concurrent writer's change is never overwritten
+        unseen (409 Conflict; the retried reconcile reads it)."""
         want = {k: obj["spec"][k] for k in mutable if k in obj.get("spec", {})}
         meta = obj["metadata"]
         if want:
             meta.setdefault("annotations", {})[APPLIED_ANNOTATION] = _hash(want)
-        try:
-            return await self.create(obj)
-        except ApiError as e:
-            if e.status != 409:
-                raise
-        current = await self.get(obj["kind"], meta["namespace"], meta["name"])
-        if current is None:  # deleted in between: the next reconcile creates it
-            raise ApiError(409, "Conflict", f"{obj['kind']} {meta['name']} is being deleted")
+        if current is UNREAD:
+            current = await self.get(obj["kind"], meta["namespace"], meta["name"])
+        if current is None:
+            try:
+                return await self.create(obj)
+            except ApiError as e:
+                if e.status != 409:
+                    raise
+            current = await self.get(obj["kind"], meta["namespace"], meta["name"])  # created in between
+            if current is None:  # and deleted again: the retried reconcile creates it
+                raise ApiError(409, "Conflict", f"{obj['kind']} {meta['namespace']}/{meta['name']} is being deleted")
         patch: dict[str, Any] = {}
         current_meta = current["metadata"]
         if want and (current_meta.get("annotations") or {}).get(APPLIED_ANNOTATION) != _hash(want):
@@ -196,6 +223,7 @@ class Kube:
             patch.setdefault("metadata", {})["labels"] = labels
         if not patch:
             return current
+        patch.setdefault("metadata", {})["resourceVersion"] = current_meta["resourceVersion"]
         return await self.patch(obj["kind"], meta["namespace"], meta["name"], patch)
 
 

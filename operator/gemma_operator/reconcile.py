@@ -2,8 +2,10 @@
 
 Reconciles are level-based: any event of a CR or of one of its children (found through the
 child's controller ownerReference) re-reads the CR and its children and lets the lifecycle
-decide. Reconciles of one CR never overlap (a lock per CR). A poller re-visits unfinished CRs,
-which reads live training progress and retries after API errors.
+decide. Reconciles of one CR never overlap (a lock per CR). A reconcile that fails runs again
+after a back-off (`retries`), whatever the CR's phase; a poller re-visits unfinished CRs, which
+reads live training progress. The status is derived from the children observed on every
+reconcile, so a status write that was lost is made good by the next one.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from typing import Any
 
 import kopf
 
-from gemma_operator import api, failure_policy, finetune_flow, metrics, serve_flow
+from gemma_operator import api, failure_policy, finetune_flow, metrics, retries, serve_flow
 from gemma_operator.children import common, merge, serving, training
-from gemma_operator.kube import KINDS, ApiError, Kube
+from gemma_operator.kube import KINDS, UNREAD, ApiError, Kube
 from gemma_operator.lifecycle import Decision
 from gemma_operator.plan import SpecError, plan_finetune, plan_serve
 from gemma_operator.settings import OperatorSettings
@@ -39,6 +41,7 @@ SERVING_KINDS = ("Deployment", "LeaderWorkerSet", "HorizontalPodAutoscaler", "Po
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+Seen = dict[tuple[str, str], dict | None]  # children read in this reconcile by (kind, name); None: absent
 ACTIVE = ("Pending", "Training", "Merging", "Suspended", "WaitingForModel", "Deploying")
 
 
@@ -49,31 +52,41 @@ class Controller:
         self.kube, self.settings, self.namespaces = kube, settings, namespaces or None
         self._locks: dict[tuple[str, str, str], asyncio.Lock] = collections.defaultdict(asyncio.Lock)
         self.tracker = metrics.PhaseTracker()
+        self.retries = retries.Retries()
 
     def forget(self, kind: str, namespace: str, name: str) -> None:
         self._locks.pop((kind, namespace, name), None)
+        self.retries.forget((kind, namespace, name))
         self.tracker.forget(kind, namespace, name)
 
     async def reconcile(self, kind: str, namespace: str, name: str) -> None:
+        """Reconcile one CR; a failure is logged with the CR it concerns and retried after a back-off."""
+        key = (kind, namespace, name)
         started = time.perf_counter()
         try:
-            async with self._locks[(kind, namespace, name)]:
+            async with self._locks[key]:
                 if kind == api.FINETUNE.kind:
                     await self._reconcile_finetune(namespace, name)
                 else:
                     await self._reconcile_serve(namespace, name)
-        except ApiError as e:
-            if e.status == 404 and await self.kube.get(kind, namespace, name) is None:
+        except Exception as e:  # noqa: BLE001 (any failure: logged, counted and retried)
+            if isinstance(e, ApiError) and e.status == 404 and await self._gone(kind, namespace, name):
                 return  # the resource was deleted while being reconciled: nothing left to do
             metrics.RECONCILES.labels(kind, "error").inc()
-            raise
-        except Exception:
-            metrics.RECONCILES.labels(kind, "error").inc()
-            raise
+            wait = self.retries.failed(key, e, lambda: self.reconcile(kind, namespace, name))
+            log.warning("reconcile of %s %s/%s failed, retrying in %.1f s: %s", kind, namespace, name, wait, e,
+                        exc_info=not isinstance(e, ApiError))  # fmt: skip
         else:
+            self.retries.succeeded(key)
             metrics.RECONCILES.labels(kind, "ok").inc()
         finally:
             metrics.RECONCILE_SECONDS.labels(kind).observe(time.perf_counter() - started)
+
+    async def _gone(self, kind: str, namespace: str, name: str) -> bool:
+        try:
+            return await self.kube.get(kind, namespace, name) is None
+        except ApiError:
+            return False
 
     # ------------------------------------------------------------------ GemmaFineTune
 
@@ -81,9 +94,10 @@ class Controller:
         body = await self.kube.get(api.FINETUNE.kind, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
-        view = await self._observe_finetune(body)
+        seen: Seen = {}
+        view = await self._observe_finetune(body, seen)
         decision = finetune_flow.decide(view, self.settings)
-        await self._apply(body, decision)
+        await self._apply(body, decision, seen)
         st = decision.status
         self.tracker.observe(api.FINETUNE.kind, namespace, name, st.get("phase"))
         if view.plan:
@@ -93,7 +107,8 @@ class Controller:
             if added > 0 and st.get("run") == (body.get("status") or {}).get("run"):
                 metrics.CHIP_HOURS.labels(view.plan.placement.accelerator).inc(added)
 
-    async def _observe_finetune(self, body: dict) -> finetune_flow.FineTuneView:
+    async def _observe_finetune(self, body: dict, seen: Seen) -> finetune_flow.FineTuneView:
+        """What exists for this GemmaFineTune; `seen` gets every child read, found or not."""
         meta, status = body["metadata"], body.get("status") or {}
         namespace, name = meta["namespace"], meta["name"]
         plan, problems = None, []
@@ -110,13 +125,13 @@ class Controller:
         wl_name, _ = training.names(plan, attempt)
         trained = same_run and status.get("phase") in ("Merging", "Succeeded")
         if not trained:  # once trained, the lifecycle reads the merge, not the training workload
-            view.training = await self.kube.get(kind, namespace, wl_name)
+            view.training = seen[(kind, wl_name)] = await self.kube.get(kind, namespace, wl_name)
             if view.training is not None:
                 view.training_pods = await self._pods(kind, namespace, wl_name)
                 if failure_policy.outcome(view.training).state == "Running":
                     view.progress = await self._progress(view.training_pods)
         else:
-            view.merge = await self.kube.get("Job", namespace, merge.name(plan))
+            view.merge = seen[("Job", merge.name(plan))] = await self.kube.get("Job", namespace, merge.name(plan))
             if view.merge is not None:
                 view.merge_pods = await self._pods("Job", namespace, merge.name(plan))
         if status.get("run") and not same_run:
@@ -164,12 +179,13 @@ class Controller:
                               labels=meta.get("labels"))  # fmt: skip
         except SpecError as e:
             problems = e.problems
+        seen: Seen = {}
         view = serve_flow.ServeView(**_observed(body, api.SERVE), plan=plan, problems=problems, fine_tune_name=ref,
                                     fine_tune=fine_tune)  # fmt: skip
         if plan is not None and plan.model_uri:
             wanted = "LeaderWorkerSet" if plan.multi_host else "Deployment"
             for kind in SERVING_KINDS:
-                obj = await self.kube.get(kind, namespace, serving.name(plan))
+                obj = seen[(kind, serving.name(plan))] = await self.kube.get(kind, namespace, serving.name(plan))
                 if obj is not None and kind == wanted:
                     view.workload = obj
                 elif obj is not None:
@@ -178,34 +194,42 @@ class Controller:
                 sel = ",".join(f"{k}={v}" for k, v in serving.selector(plan).items())
                 view.pods = await self.kube.list("Pod", namespace, sel)
         decision = serve_flow.decide(view, self.settings)
-        await self._apply(body, decision)
+        await self._apply(body, decision, seen)
         self.tracker.observe(api.SERVE.kind, namespace, name, decision.status.get("phase"))
 
     # ------------------------------------------------------------------ applying
 
-    async def _apply(self, body: dict, d: Decision) -> None:
+    async def _apply(self, body: dict, d: Decision, seen: Seen) -> None:
+        """Write what the decision asks, children first. Its Events go before the status that
+        records the phase change, so a failed reconcile (retried) posts them again, once."""
         meta = body["metadata"]
         namespace = meta["namespace"]
         for obj in d.delete:
             log.info("deleting %s %s/%s of an earlier run", obj["kind"], namespace, obj["metadata"]["name"])
             await self.kube.delete(obj["kind"], namespace, obj["metadata"]["name"])
         for obj in d.create:
-            await self.kube.ensure(obj, MUTABLE[obj["kind"]])
-        for kind, name, patch in d.patch:
+            current = seen.get((obj["kind"], obj["metadata"]["name"]), UNREAD)
+            await self.kube.ensure(obj, MUTABLE[obj["kind"]], current)
+        for kind, name, patch in d.patch:  # against the object as observed: a concurrent change answers 409
+            observed = (seen.get((kind, name)) or {}).get("metadata", {}).get("resourceVersion")
+            if observed:
+                patch = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": observed}}
             await self.kube.patch(kind, namespace, name, patch)
-        patch = diff_patch(body.get("status") or {}, d.status)
-        if patch:
-            await self.kube.patch(body["kind"], namespace, meta["name"], {"status": patch}, status=True)
         for type_, reason, message in d.events:
             try:
                 await self.kube.event(body, type_, reason, message)
-            except ApiError as e:  # an Event is worth a warning in the log, not a failed reconcile
-                log.warning("could not post event %s on %s/%s: %s", reason, namespace, meta["name"], e)
+            except ApiError as e:
+                if e.status == 429 or e.status >= 500:
+                    raise  # retried with the reconcile, before the status moves on
+                log.warning("could not post event %s on %s %s/%s: %s", reason, body["kind"], namespace, meta["name"], e)
+        patch = diff_patch(body.get("status") or {}, d.status)
+        if patch:
+            await self.kube.patch(body["kind"], namespace, meta["name"], {"status": patch}, status=True)
 
     # ------------------------------------------------------------------ polling
 
     async def poll(self, stop: asyncio.Event | None = None) -> None:
-        """Re-visit unfinished CRs: live progress, chip-hours, and retries after errors."""
+        """Re-visit unfinished CRs: live progress and chip-hours."""
         while not (stop and stop.is_set()):
             await asyncio.sleep(self.settings.progress_poll_seconds)
             for kind in (api.FINETUNE.kind, api.SERVE.kind):
@@ -218,10 +242,7 @@ class Controller:
                     for obj in items:
                         st, meta = obj.get("status") or {}, obj["metadata"]
                         if st.get("phase") in ACTIVE or st.get("observedGeneration") != meta.get("generation"):
-                            try:
-                                await self.reconcile(kind, meta["namespace"], meta["name"])
-                            except Exception as e:  # noqa: BLE001 (logged; the next poll retries)
-                                log.warning("reconcile of %s %s/%s failed: %s", kind, meta["namespace"], meta["name"], e)
+                            await self.reconcile(kind, meta["namespace"], meta["name"])
 
 
 def owner_of(body: dict) -> tuple[str, str] | None:
@@ -273,6 +294,7 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
     @kopf.on.cleanup(registry=registry)
     async def stop_poller(memo: kopf.Memo, **_: Any) -> None:
         memo.poller.cancel()
+        controller.retries.cancel_all()
 
 
 def _observed(body: dict, kind: api.Kind) -> dict[str, Any]:

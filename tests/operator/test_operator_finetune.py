@@ -153,8 +153,8 @@ async def test_a_vanished_job_is_a_new_attempt_within_the_budget(operator, clust
     second = training.names(p, 2)[0]
     job2 = await cluster.job(NS, second)
     assert job2["spec"]["backoffLimit"] == 0, "the new attempt gets what is left of the budget"
-    ft = await cluster.get("GemmaFineTune", NS, "lost")
-    assert (ft["status"]["attempt"], ft["status"]["restarts"]) == (2, 1)
+    ft = await cluster.wait_for(lambda: _attempt(cluster, "lost", 2), message="attempt 2 in status")
+    assert ft["status"]["restarts"] == 1
     assert any(e["reason"] == "TrainingRecreated" for e in await _events(cluster, "lost"))
     await cluster.kube.delete("Job", NS, second)
     ft = await cluster.phase("GemmaFineTune", NS, "lost", "Failed")
@@ -187,13 +187,23 @@ async def test_a_spec_change_starts_a_new_run_and_stops_the_old_one(operator, cl
     p2, second, _ = names(finetune("rerun").tpu("v5p").training(learningRate=3e-4))
     await cluster.job(NS, second)
     await cluster.wait_for(lambda: _gone(cluster, first), message="old run's Job deleted")
-    ft = await cluster.get("GemmaFineTune", NS, "rerun")
-    assert ft["status"]["run"] == p2.run != p1.run and "progress" not in ft["status"]
+    ft = await cluster.wait_for(lambda: _on_run(cluster, "rerun", p2.run), message="status on the new run")
+    assert p2.run != p1.run and "progress" not in ft["status"]
     assert json.loads((await cluster.get("ConfigMap", NS, second))["data"]["train.json"])["output_dir"] == p2.run_dir
 
 
 async def _gone(cluster, name):
     return await cluster.get("Job", NS, name) is None
+
+
+async def _attempt(cluster, name, attempt):
+    ft = await cluster.get("GemmaFineTune", NS, name)
+    return ft if ft["status"].get("attempt") == attempt else None
+
+
+async def _on_run(cluster, name, run):
+    ft = await cluster.get("GemmaFineTune", NS, name)
+    return ft if ft["status"].get("run") == run else None
 
 
 async def test_deletion_collects_children_and_leaves_artifacts(operator, cluster, tmp_path):

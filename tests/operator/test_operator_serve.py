@@ -39,7 +39,7 @@ async def test_serve_waits_deploys_and_rolls_to_a_new_output(operator, cluster):
 
     p1 = await finish_fine_tune(cluster, ft)
     dep = await cluster.wait_for(lambda: cluster.get("Deployment", NS, "chat-vllm"), message="Deployment")
-    assert await cluster.get("Service", NS, "chat-vllm")
+    await cluster.wait_for(lambda: cluster.get("Service", NS, "chat-vllm"), message="Service")
     assert await deployment_model(cluster, "chat-vllm") == p1.merged_dir
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     await cluster.phase("GemmaServe", NS, "chat", "Deploying")
@@ -107,7 +107,7 @@ async def test_multi_host_serving_and_autoscaling_changes(operator, cluster):
     b = serve("big").tpu("v6e", "4x4").set("autoscaling", {"maxReplicas": 3})
     await cluster.apply(b.obj())
     lws = await cluster.wait_for(lambda: cluster.get("LeaderWorkerSet", NS, "big-vllm"), message="LWS")
-    assert await cluster.get("HorizontalPodAutoscaler", NS, "big-vllm")
+    await cluster.wait_for(lambda: cluster.get("HorizontalPodAutoscaler", NS, "big-vllm"), message="HPA")
     await cluster.kube.patch("LeaderWorkerSet", NS, "big-vllm", {"status": {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}},
                              status=True)  # fmt: skip
     gsv = await cluster.phase("GemmaServe", NS, "big", "Ready")

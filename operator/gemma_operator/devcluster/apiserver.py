@@ -59,6 +59,10 @@ BUILTIN_COLUMNS = {
     }.items()
 }  # fmt: skip
 
+# The watch event of a resourceVersion too old to resume from: the client lists again.
+EXPIRED = {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410,
+                                      "reason": "Expired", "message": "too old resource version"}}  # fmt: skip
+
 
 def write_kubeconfig(path: Path, url: str) -> Path:
     """A kubeconfig for this API at `url` (kubectl, clients, an operator process), namespace default."""
@@ -255,13 +259,12 @@ class ApiServer(kmock.KubernetesScaffold):
             else:
                 oldest = self._history[0][0] if self._history else self._rv
                 if int(since) < oldest - 1 and len(self._history) == self._history.maxlen:
-                    initial = [{"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                                           "code": 410, "reason": "Expired", "message": "too old resource version"}}]  # fmt: skip
+                    initial = [copy.deepcopy(EXPIRED)]
                 else:
                     initial = [e for rv, r, e in self._history if rv > int(since) and r == kind.resource
                                and self._matches(request, e["object"])]  # fmt: skip
             self._watchers[kind.resource].add(queue)
-        timeout = float(request.params.get("timeoutSeconds") or 0) or None
+        timeout = self._watch_timeout(request)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout if timeout else None
         try:
@@ -281,6 +284,10 @@ class ApiServer(kmock.KubernetesScaffold):
                     yield event
         finally:
             self._watchers[kind.resource].discard(queue)
+
+    def _watch_timeout(self, request: kmock.Request) -> float | None:
+        """Seconds this watch stays open: the client's timeoutSeconds, if any."""
+        return float(request.params.get("timeoutSeconds") or 0) or None
 
     async def _fetch(self, request: kmock.Request) -> Any:
         self._kind(request.resource)

@@ -1,0 +1,134 @@
+"""The in-process API with faults, as a loaded API server shows them to its clients.
+
+Writes (create, patch, delete) of chosen clients are answered 500 before the write is stored,
+500 after it is stored (the client cannot tell whether it happened), or 429 Too Many Requests
+with a Retry-After; watches are closed after a few seconds; a watch resumed from a
+resourceVersion is answered 410 Expired (the client must list again). Write faults come at
+random at a rate (seeded, so a run can be replayed) or scripted: the next matching writes.
+Reads are never failed: a client's reaction to failed writes and broken watches is what is tried.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import attrs
+import kmock
+
+from gemma_operator.devcluster.apiserver import EXPIRED, ApiServer
+from gemma_operator.kube import USER_AGENT
+
+BEFORE_WRITE, AFTER_WRITE, THROTTLED = "500 before the write", "500 after the write", "429 Retry-After"
+WRITE_FAULTS = (BEFORE_WRITE, AFTER_WRITE, THROTTLED)
+WATCH_CLOSED, WATCH_EXPIRED = "watch closed", "410 Expired on resume"
+_VERBS = {kmock.action.CREATE: "create", kmock.action.UPDATE: "patch", kmock.action.DELETE: "delete"}
+
+
+@dataclass
+class Rule:
+    """A scripted fault: the next `times` writes matching verb, resource and name get it."""
+
+    fault: str
+    verb: str | None = None  # create, patch or delete; None: any
+    resource: str | None = None  # the plural, "gemmaserves/status" for the status subresource
+    name: str | None = None
+    times: int = 1
+
+
+@attrs.define(kw_only=True)
+class FaultyApiServer(ApiServer):
+    """`ApiServer` plus the fault switch; `injected` counts what it did, by fault and resource."""
+
+    write_fault_rate: float = 0.0
+    watch_lifetime: float | None = None  # seconds, give or take half
+    expire_rate: float = 0.0  # share of watch resumes answered 410
+    retry_after: int = 1
+    agents: tuple[str, ...] = (USER_AGENT, "kopf/")  # whose requests get faults: the operator's
+    seed: int = 0
+    rules: list[Rule] = attrs.field(factory=list, init=False)
+    injected: collections.Counter = attrs.field(factory=collections.Counter, init=False)
+    _rng: random.Random = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self._rng = random.Random(self.seed)
+
+    def inject(self, fault: str, verb: str | None = None, resource: str | None = None, name: str | None = None,
+               times: int = 1) -> None:  # fmt: skip
+        assert fault in WRITE_FAULTS, f"unknown write fault {fault!r}: one of {WRITE_FAULTS}"
+        self.rules.append(Rule(fault, verb, resource, name, times))
+
+    def calm(self) -> None:
+        """No more faults from now on."""
+        self.write_fault_rate, self.watch_lifetime, self.expire_rate = 0.0, None, 0.0
+        self.rules.clear()
+
+    # ------------------------------------------------------------------ choosing
+
+    def _targeted(self, request: kmock.Request) -> bool:
+        return (request.headers.get("User-Agent") or "").startswith(self.agents)
+
+    def _write_fault(self, request: kmock.Request) -> tuple[str, str] | None:
+        verb = _VERBS.get(request.action)
+        if verb is None or request.resource is None or not self._targeted(request):
+            return None
+        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        name = request.name
+        if verb == "create" and isinstance(request.data, dict):
+            name = (request.data.get("metadata") or {}).get("name")
+        for rule in self.rules:
+            if rule.verb in (None, verb) and rule.resource in (None, resource) and rule.name in (None, name):
+                rule.times -= 1
+                if rule.times <= 0:
+                    self.rules.remove(rule)
+                return rule.fault, f"{verb} {resource}"
+        if self._rng.random() < self.write_fault_rate:
+            return self._rng.choice(WRITE_FAULTS), f"{verb} {resource}"
+        return None
+
+    def _answer(self, fault: str) -> kmock.Response:
+        """The API server's throttling answers 429 with a Retry-After header (kubernetes
+        k8s.io/apiserver pkg/server/filters maxinflight.go and priority-and-fairness.go, `tooManyRequests`)."""
+        code, reason = (429, "TooManyRequests") if fault == THROTTLED else (500, "InternalError")
+        status = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": reason,
+                  "message": f"injected fault: {fault}",
+                  "details": {"retryAfterSeconds": self.retry_after}}  # fmt: skip
+        headers = {"Retry-After": str(self.retry_after)} if fault == THROTTLED else None
+        return kmock.Response(status=code, payload=status, headers=headers)
+
+    # ------------------------------------------------------------------ serving
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        chosen = self._write_fault(request) if request.resource in self._kinds else None
+        if chosen is None:
+            return await super()._handle(request)
+        fault, what = chosen
+        self.injected[(fault, what)] += 1
+        if fault == AFTER_WRITE:
+            response = await super()._handle(request)  # stored; an error raised here is answered as it is
+            if response.status >= 300:
+                return response
+        return await self._answer(fault)(request)
+
+    def _watch_timeout(self, request: kmock.Request) -> float | None:
+        timeout = super()._watch_timeout(request)
+        if self.watch_lifetime is None or not self._targeted(request):
+            return timeout
+        self.injected[(WATCH_CLOSED, request.resource.plural)] += 1
+        lifetime = self.watch_lifetime * (0.5 + self._rng.random())
+        return min(timeout, lifetime) if timeout else lifetime
+
+    async def _watch(self, request: kmock.Request) -> Any:
+        resumed = request.params.get("resourceVersion") not in (None, "", "0")
+        if resumed and self._targeted(request) and self._rng.random() < self.expire_rate:
+            self._record("watch", request)
+            self.injected[(WATCH_EXPIRED, request.resource.plural)] += 1
+            yield b""
+            yield copy.deepcopy(EXPIRED)
+            return
+        async for item in super()._watch(request):
+            yield item
