@@ -429,7 +429,7 @@ class Autoscaling(Model):
     """A HorizontalPodAutoscaler on a per-pod vLLM metric, served by a custom-metrics adapter."""
 
     min_replicas: Annotated[int, Field(ge=1)] = 1
-    max_replicas: Annotated[int, Field(ge=1)]
+    max_replicas: Annotated[int, Field(ge=1, le=1000)]
     metric: Annotated[
         str, Field(description="Pods metric name as the metrics adapter exposes it.")
     ] = "vllm:num_requests_waiting"

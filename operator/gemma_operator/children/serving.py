@@ -27,8 +27,16 @@ ROLE_LABEL = f"{common.PREFIX}/role"
 CACHE_DIR = "/cache"
 
 
+# A LeaderWorkerSet's groups are StatefulSets `<lws>-<group>` whose pods are `<lws>-<group>-<index>`
+# and carry `controller-revision-hash=<statefulset>-<hash of up to 10>` (kubernetes-sigs/lws
+# pkg/controllers; kubernetes pkg/controller/history): a label value and a hostname, 63 at most.
+# Groups are replicas, at most 1000 (api.GemmaServeSpec), so 3 digits.
+LWS_RESERVE = len("-999") + len("-") + 10
+
+
 def name(plan: ServePlan) -> str:
-    return common.child_name(plan.name, "vllm")
+    """The workload, Service, HPA and PodMonitor name (a Service name is a DNS-1035 label)."""
+    return common.child_name(plan.name, "vllm", reserve=LWS_RESERVE if plan.multi_host else 0)
 
 
 def _labels(plan: ServePlan) -> dict[str, str]:
