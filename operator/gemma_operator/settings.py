@@ -29,6 +29,13 @@ class Images(_Settings):
     # vLLM-TPU: the tag the seed paper served Gemma 4 with (pin a digest in production).
     serving_tpu: str = "vllm/vllm-tpu:gemma4"
     serving_cpu: str = "ghcr.io/gemma-tpu-operator/vllm-cpu:0.32.0"
+    # The LWS vLLM-TPU example's path. vLLM has moved the script between versions
+    # (examples/online_serving/ and examples/ray_serving/), and which one serving_tpu's tag
+    # ships was not verified: change it with the image.
+    serving_tpu_ray_script: str = Field(
+        default="/workspace/vllm/examples/online_serving/multi-node-serving.sh",
+        description="Script in the serving_tpu image that starts a Ray head (multi-host leader) or joins it.",
+    )
 
 
 class Resources(_Settings):
@@ -64,11 +71,6 @@ class OperatorSettings(_Settings):
         default_factory=dict,
         description="Node pool per v6e topology (e.g. '2x4': a ct6e-standard-8t pool), since "
         "2x4 also matches the two-host ct6e-standard-4t shape.",
-    )
-    serving_multihost_script: str = Field(
-        # Ships in the vLLM-TPU image (the LWS vLLM-TPU example runs it); starts or joins Ray.
-        default="/workspace/vllm/examples/online_serving/multi-node-serving.sh",
-        description="Script in the serving image that starts a Ray leader or joins it as a worker.",
     )
     workload_service_account: str | None = Field(
         default=None, description="ServiceAccount for workload pods when a CR names none."

@@ -45,3 +45,14 @@ def test_tpu_and_cpu_flags_mean_what_the_operator_intends(vllm_python):
     assert parsed_cpu["tensor_parallel_size"] == 1 and parsed_cpu["enforce_eager"] is True
     assert parsed_cpu["dtype"] == "float32" and parsed_cpu["api_key"] is None
     assert prefix["port"] == 9
+
+
+def test_vllm_reads_the_engine_timeout_the_operator_sets(vllm_python):
+    """vLLM's engine gives up after VLLM_ENGINE_READY_TIMEOUT_S (vllm/envs.py); the operator sets
+    it to the startup probe's budget, which for a 31B model exceeds vLLM's default."""
+    launch = VllmLaunch(model="/models/merged", served_name="ft", engine_ready_timeout_s=900)
+    env = {e["name"]: e["value"] for e in vllm_container(launch)[2] if "value" in e}
+    read = ("import json, os, sys, vllm.envs as e; before = e.VLLM_ENGINE_READY_TIMEOUT_S; "
+            "os.environ.update(json.loads(sys.argv[1])); print(before, e.VLLM_ENGINE_READY_TIMEOUT_S)")
+    result = subprocess.run([str(vllm_python), "-c", read, json.dumps(env)], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split()[-2:] == ["600", "900"], result.stderr[-2000:]
