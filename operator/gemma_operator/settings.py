@@ -72,6 +72,14 @@ class OperatorSettings(_Settings):
         description="Node pool per v6e topology (e.g. '2x4': a ct6e-standard-8t pool), since "
         "2x4 also matches the two-host ct6e-standard-4t shape.",
     )
+    workload_user: int = Field(
+        default=65532, ge=1,
+        description="uid and gid of the workloads image's USER: owner of the FUSE mounts it writes to.",
+    )
+    merge_fuse_sidecar_memory: str = Field(
+        # The driver's default is 256Mi; what writing two multi-GB files needs was not measured.
+        default="1Gi", description="gke-gcsfuse/memory-limit of the merge's Cloud Storage FUSE sidecar.",
+    )
     workload_service_account: str | None = Field(
         default=None, description="ServiceAccount for workload pods when a CR names none."
     )

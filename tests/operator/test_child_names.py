@@ -66,7 +66,8 @@ def check_jobset(js: dict) -> list[str]:
     for rj in js["spec"]["replicatedJobs"]:
         job = f"{name}-{rj['name']}-{rj['replicas'] - 1}"
         pod = f"{job}-{rj['template']['spec']['completions'] - 1}-abcde"
-        problems += [f"JobSet {what} {n!r}" for what, n in (("name", name), ("Job", job), ("pod", pod)) if not dns1035(n)]
+        named = (("name", name), ("Job", job), ("pod", pod))
+        problems += [f"JobSet {what} {n!r}" for what, n in named if not dns1035(n)]
     return problems
 
 
@@ -145,6 +146,7 @@ def test_every_example_renders_children_that_pass():
     plans, problems = plan_documents(docs, SETTINGS)
     assert not problems and len(plans) == len(docs) >= 6
     for kind, p in plans:
-        objs = training_objects(p, SETTINGS) + merge_objects(p, SETTINGS) if kind == "GemmaFineTune" else serving_objects(p, SETTINGS)
+        fine_tune = kind == "GemmaFineTune"
+        objs = training_objects(p, SETTINGS) + merge_objects(p, SETTINGS) if fine_tune else serving_objects(p, SETTINGS)
         for obj in objs:
             assert not check(obj), (p.name, check(obj))

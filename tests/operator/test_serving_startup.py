@@ -24,7 +24,7 @@ def containers(obj: dict) -> dict[str, dict]:
     if obj["kind"] == "Deployment":
         return {"server": obj["spec"]["template"]["spec"]["containers"][0]}
     tmpl = obj["spec"]["leaderWorkerTemplate"]
-    return {"leader": tmpl["leaderTemplate"]["spec"]["containers"][0], "worker": tmpl["workerTemplate"]["spec"]["containers"][0]}
+    return {role: tmpl[f"{role}Template"]["spec"]["containers"][0] for role in ("leader", "worker")}
 
 
 def env(container: dict) -> dict[str, str]:
@@ -35,7 +35,7 @@ def env(container: dict) -> dict[str, str]:
     (serve("s"), "gemma4-31b"),
     (serve("s").tpu("v6e", "4x4"), "gemma4-31b"),
     (serve("s").set("startupTimeoutSeconds", 3600), "gemma4-31b"),
-    (serve("s").tpu("cpu").set("model", {"uri": "/data/m"}).set("storage", {"persistentVolumeClaim": "d", "mountPath": "/data"}), None),
+    (serve("s").tpu("cpu").set("model", {"uri": "/data/m"}).set("storage", {"persistentVolumeClaim": "d"}), None),
 ])  # fmt: skip
 def test_the_engine_waits_as_long_as_the_startup_probe(b, preset):
     c = containers(workload(b, fine_tune_preset=preset))
@@ -82,4 +82,4 @@ def test_the_leader_starts_vllm_only_once_ray_is_up(tmp_path, launcher_exit):
     if launcher_exit:
         assert result.returncode == 1 and "STARTED" not in result.stdout and "did not form" in result.stderr
     else:
-        assert result.returncode == 0 and result.stdout.startswith("STARTED vllm.entrypoints.openai.api_server --model=")
+        assert result.returncode == 0 and result.stdout.startswith("STARTED vllm.entrypoints.openai.api_server --model")

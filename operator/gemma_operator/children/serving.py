@@ -75,8 +75,8 @@ def ray_command(script: str, role_args: str, then: list[str] | None = None) -> l
     then becomes vLLM. A missing script, or a leader's failed launch, ends the container with a
     message saying which (the termination message falls back to the log)."""
     q = shlex.quote(script)
-    missing = shlex.quote(f"gemma-tpu: the Ray launcher {script} is not in this image; set images.serving_tpu_ray_script "
-                          "to where the serving image has multi-node-serving.sh")  # fmt: skip
+    missing = shlex.quote(f"gemma-tpu: the Ray launcher {script} is not in this image; set "
+                          "images.serving_tpu_ray_script to where the serving image has multi-node-serving.sh")
     line = f"test -f {q} || {{ echo {missing} >&2; exit 1; }}; "
     if not then:
         return ["sh", "-c", f"{line}exec bash {q} {role_args}"]
