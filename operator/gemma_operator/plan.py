@@ -177,7 +177,8 @@ class FineTunePlan:
     merge_image: str
     merge_memory_gib: int
     service_account: str | None
-    queue: str | None
+    queue: str | None  # the training workload's (the CR's label, else settings.kueue_queue)
+    merge_queue: str | None
     price_per_chip_hour: float
 
     @property
@@ -358,6 +359,7 @@ def plan_finetune(
         merge_memory_gib=_merge_memory_gib(shape, spec, merge.workers),
         service_account=spec.service_account_name or settings.workload_service_account,
         queue=(labels or {}).get("kueue.x-k8s.io/queue-name") or settings.kueue_queue,
+        merge_queue=settings.merge_kueue_queue,
         price_per_chip_hour=price,
     )
 
@@ -483,6 +485,6 @@ def plan_serve(
         memory=memory,
         image=image,
         service_account=spec.service_account_name or settings.workload_service_account,
-        queue=(labels or {}).get("kueue.x-k8s.io/queue-name") or settings.kueue_queue,
+        queue=(labels or {}).get("kueue.x-k8s.io/queue-name") or settings.serving_kueue_queue,
         startup_seconds=startup,
     )

@@ -84,7 +84,13 @@ class OperatorSettings(_Settings):
         default=None, description="ServiceAccount for workload pods when a CR names none."
     )
     kueue_queue: str | None = Field(
-        default=None, description="Kueue LocalQueue for children of CRs that carry no queue label."
+        default=None, description="Kueue LocalQueue for training workloads of CRs that carry no queue label."
+    )
+    # A training queue's flavor may inject TPU node labels: a CPU merge or a serving pod sent there
+    # stays Pending, so each kind of workload has its own queue, none by default.
+    merge_kueue_queue: str | None = Field(default=None, description="Kueue LocalQueue for merge Jobs.")
+    serving_kueue_queue: str | None = Field(
+        default=None, description="Kueue LocalQueue for vLLM servers of GemmaServes that carry no queue label."
     )
     training_env: dict[str, str] = Field(
         # Cuts the first XLA compile of Gemma 4 31B from about 8 to about 3 minutes (seed paper).

@@ -91,8 +91,8 @@ def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> d
     if plan.service_account:
         pod_spec["serviceAccountName"] = plan.service_account
     meta = common.metadata(job_name, plan.namespace, _labels(plan), owner)
-    if plan.queue:
-        meta["labels"][common.QUEUE_LABEL] = plan.queue
+    if plan.merge_queue:  # never the training queue: its flavor may ask for TPU nodes
+        meta["labels"][common.QUEUE_LABEL] = plan.merge_queue
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
