@@ -99,6 +99,12 @@ class OperatorSettings(_Settings):
     termination_grace_seconds: Annotated[
         int, Field(ge=30, description="Time a preempted trainer gets to write its last checkpoint.")
     ] = 120
+    # GKE gives Spot pods a best-effort 15 s after the reclaim notice; Standard node pools can raise
+    # it to 120 s through the node system configuration from GKE 1.35.0-gke.1171000 (GKE docs,
+    # "Spot VMs", graceful shutdown). Raise this setting only with that configuration.
+    spot_termination_grace_seconds: Annotated[
+        int, Field(ge=0, le=120, description="Grace a Spot pod gets after a reclaim notice (GKE: 15 s by default).")
+    ] = 15
     progress_poll_seconds: Annotated[
         float, Field(gt=0, description="How often live training progress is read from pod logs.")
     ] = 30.0

@@ -88,7 +88,7 @@ def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name
         container["ports"] = [{"containerPort": JAX_COORDINATOR_PORT, "name": "jax"}]
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": settings.termination_grace_seconds,
+        "terminationGracePeriodSeconds": int(plan.train.termination_grace_seconds),
         "containers": [container],
         "volumes": [cfg_volume, shm, *store_volumes],
     }
