@@ -446,6 +446,9 @@ class Metrics(Model):
     pod_monitor: Annotated[
         bool, Field(description="Create a PodMonitor (prometheus-operator) for vLLM's /metrics.")
     ] = False
+    pod_monitoring: Annotated[
+        bool, Field(description="Create a PodMonitoring (GKE Managed Service for Prometheus) for vLLM's /metrics.")
+    ] = False
 
 
 class GemmaServeSpec(Model):

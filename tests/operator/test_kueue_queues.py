@@ -60,4 +60,5 @@ def test_serving_has_its_own_queue_setting():
 
         assert serving(OperatorSettings(kueue_queue="tpu-v5p")) == {None}, "the training default stays with training"
         assert serving(OperatorSettings(kueue_queue="tpu-v5p", serving_kueue_queue="v6e-serving")) == {"v6e-serving"}
-        assert serving(OperatorSettings(serving_kueue_queue="v6e-serving"), "mine") == {"mine"}, "the CR's own label wins"
+        own = serving(OperatorSettings(serving_kueue_queue="v6e-serving"), "mine")
+        assert own == {"mine"}, "the CR's own label wins"
