@@ -20,7 +20,7 @@ MAX_NAME = 63  # a DNS label, and a label value
 
 def child_name(parent: str, *suffix: str, reserve: int = 0) -> str:
     """`<parent>-<suffix>` as a DNS-1035 label (a letter first, no dots) that leaves `reserve`
-    characters of the 63 for what a controller appends to it (see JOBSET_RESERVE, LWS_RESERVE).
+    characters of the 63 for what a controller appends to it (training.jobset_reserve, serving.LWS_RESERVE).
 
     A CR name is any DNS-1123 subdomain (up to 253 characters, dots, a leading digit): when it
     does not fit as it is, it is shortened and a hash of the whole name keeps children of
