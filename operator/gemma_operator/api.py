@@ -429,7 +429,7 @@ class Autoscaling(Model):
     """A HorizontalPodAutoscaler on a per-pod vLLM metric, served by a custom-metrics adapter."""
 
     min_replicas: Annotated[int, Field(ge=1)] = 1
-    max_replicas: Annotated[int, Field(ge=1)]
+    max_replicas: Annotated[int, Field(ge=1, le=1000)]
     metric: Annotated[
         str, Field(description="Pods metric name as the metrics adapter exposes it.")
     ] = "vllm:num_requests_waiting"
@@ -445,6 +445,9 @@ class Autoscaling(Model):
 class Metrics(Model):
     pod_monitor: Annotated[
         bool, Field(description="Create a PodMonitor (prometheus-operator) for vLLM's /metrics.")
+    ] = False
+    pod_monitoring: Annotated[
+        bool, Field(description="Create a PodMonitoring (GKE Managed Service for Prometheus) for vLLM's /metrics.")
     ] = False
 
 

@@ -203,10 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (default)")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf health endpoint ('' to disable)")
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0 to disable)")
-    p.add_argument("--standalone", action="store_true", help="no peering (one operator replica)")
-    p.add_argument("--peering", default="gemma-tpu-operator", help="kopf peering name for several replicas")
+    p.add_argument("--standalone", action="store_true", help="no kopf peering (the default; kept for old scripts)")
+    p.add_argument("--peering", metavar="NAME", help="opt in to kopf peering by this name (needs its CRDs)")
     p.add_argument("--leader-election-lease", metavar="NAMESPACE/NAME",
-                   help="lead through this Lease before starting (several replicas, with --standalone)")
+                   help="lead through this Lease before starting (several replicas, without --peering)")
     p.set_defaults(func=cmd_operator)
 
     # Defined here, not in devcluster: the operator's image has no dev dependencies to import.

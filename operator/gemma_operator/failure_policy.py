@@ -59,19 +59,27 @@ def job_pod_failure_policy(container: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-# JobSet restarts the whole slice gang. Its rules match the child Job's failure; a Job failed by
-# rule 0 or 1 of its podFailurePolicy (preemption) carries "matching FailJob rule at index 0|1".
-PREEMPTION_MESSAGE = r"matching FailJob rule at index [01]\b"
+def _jobset_job_rules(container: str) -> list[tuple[dict[str, Any], bool]]:
+    """The child Jobs' podFailurePolicy rules, each with whether it means a preemption."""
+    def exit_codes(operator: str, codes: list[int]) -> dict[str, Any]:
+        return {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": operator, "values": codes}}
+
+    return [
+        ({"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}, True),
+        (exit_codes("In", _codes(Action.RESTART)), True),
+        (exit_codes("NotIn", _not_failing_codes()), False),
+    ]
 
 
 def jobset_job_pod_failure_policy(container: str) -> dict[str, Any]:
-    return {
-        "rules": [
-            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-            {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "In", "values": _codes(Action.RESTART)}},
-            {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "NotIn", "values": _not_failing_codes()}},
-        ]
-    }  # fmt: skip
+    return {"rules": [rule for rule, _ in _jobset_job_rules(container)]}
+
+
+# JobSet restarts the whole slice gang. Its rules match the child Job's failure; a Job failed by a
+# rule of its podFailurePolicy carries "... matching FailJob rule at index N" (the Job controller's
+# message), so the preemption rules are told apart by their indexes, derived from the rules above.
+PREEMPTION_RULES = [i for i, (_, preemption) in enumerate(_jobset_job_rules("")) if preemption]
+PREEMPTION_MESSAGE = rf"matching FailJob rule at index ({'|'.join(map(str, PREEMPTION_RULES))})\b"
 
 
 def jobset_failure_policy(max_restarts: int) -> dict[str, Any]:

@@ -46,6 +46,7 @@ KINDS: dict[str, KindInfo] = {
     "LeaderWorkerSet": _kind("leaderworkerset.x-k8s.io/v1", "leaderworkersets", "get", "list", "watch", "create", "patch", "delete"),
     "HorizontalPodAutoscaler": _kind("autoscaling/v2", "horizontalpodautoscalers", "get", "create", "patch", "delete"),
     "PodMonitor": _kind("monitoring.coreos.com/v1", "podmonitors", "get", "create", "patch", "delete"),
+    "PodMonitoring": _kind("monitoring.googleapis.com/v1", "podmonitorings", "get", "create", "patch", "delete"),
     "Pod": _kind("v1", "pods", "list"),
     "Event": _kind("v1", "events", "create"),
 }
@@ -132,6 +133,15 @@ class Kube:
     async def get(self, kind: str, namespace: str, name: str) -> dict | None:
         try:
             return await self._call("GET", self._path(kind, namespace, name))
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def get_path(self, path: str, raw: bool = False) -> Any:
+        """A non-resource URL (discovery, OpenAPI); None when the server serves nothing there."""
+        try:
+            return await self._call("GET", path, raw=raw)
         except ApiError as e:
             if e.status == 404:
                 return None

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gemma_operator.status import set_condition
+from gemma_operator.addons import Missing
+from gemma_operator.status import condition, set_condition
 
 
 @dataclass
@@ -23,6 +24,7 @@ class ResourceView:
     problems: list[str]  # why the spec is invalid; empty when it is valid
     owner: dict[str, Any] | None  # the ownerReference its children carry
     now: datetime.datetime
+    missing: list[Missing] = field(default_factory=list)  # add-ons the spec needs that the cluster lacks
 
 
 @dataclass
@@ -38,6 +40,21 @@ def set_cond(view: ResourceView, st: dict, type_: str, value: bool, reason: str,
     st["conditions"] = set_condition(st.get("conditions") or [], type_, value, reason, message, view.generation, view.now)
 
 
+def _held_by_missing_addons(view: ResourceView, st: dict, d: Decision) -> bool:
+    """The DependencyMissing condition, with a Warning Event when it appears or changes; True when
+    an add-on the resource cannot do without is missing (it then waits, Pending, creating nothing)."""
+    text = "; ".join(m.message for m in view.missing)
+    before = condition(st.get("conditions"), "DependencyMissing") or {}
+    if text and (before.get("status") != "True" or before.get("message") != text):
+        d.events.append(("Warning", "DependencyMissing", text))
+    if text or before:
+        set_cond(view, st, "DependencyMissing", bool(text), "DependencyMissing" if text else "Satisfied", text)
+    if any(m.blocking for m in view.missing):
+        st.update(phase="Pending", message=text)
+        return True
+    return False
+
+
 def decide_with(view: ResourceView, advance: Callable[[Decision], None], invalid: Callable[[dict, str], None]) -> Decision:
     """observedGeneration, the InvalidSpec condition, the lifecycle's own step, and an Event
     (Warning when Failed) whenever the phase changes."""
@@ -51,7 +68,8 @@ def decide_with(view: ResourceView, advance: Callable[[Decision], None], invalid
         invalid(st, message)
     else:
         set_cond(view, st, "InvalidSpec", False, "Valid", "")
-        advance(d)
+        if not _held_by_missing_addons(view, st, d):
+            advance(d)
     if st.get("phase") != before or not before:
         kind = "Warning" if st["phase"] == "Failed" else "Normal"
         d.events.append((kind, st["phase"], st.get("message") or st["phase"]))

@@ -112,7 +112,16 @@ def placement(spec_tpu: api.TPU, node_pool: str | None = None) -> Placement:
     selector = tpu.node_selector(
         slice_, spot=spec_tpu.spot, reservation=spec_tpu.reservation, node_pool=spec_tpu.node_pool or node_pool
     )
-    return Placement(spec_tpu.accelerator, slice_, selector, [dict(tpu.TPU_TOLERATION)])
+    tolerations = [dict(tpu.TPU_TOLERATION)] + ([dict(tpu.SPOT_TOLERATION)] if spec_tpu.spot else [])
+    return Placement(spec_tpu.accelerator, slice_, selector, tolerations)
+
+
+def grace_seconds(spec_tpu: api.TPU, settings: OperatorSettings) -> int:
+    """The time a training pod has between SIGTERM and SIGKILL: on Spot, what GKE grants after a
+    reclaim notice, whatever the pod asks for."""
+    if spec_tpu.spot:
+        return min(settings.termination_grace_seconds, settings.spot_termination_grace_seconds)
+    return settings.termination_grace_seconds
 
 
 def _check_paths(uris: dict[str, str | None], storage: api.Storage | None, accelerator: str) -> list[str]:
@@ -167,7 +176,8 @@ class FineTunePlan:
     merge_image: str
     merge_memory_gib: int
     service_account: str | None
-    queue: str | None
+    queue: str | None  # the training workload's (the CR's label, else settings.kueue_queue)
+    merge_queue: str | None
     price_per_chip_hour: float
     host: host.HostPlan | None = None  # memory and staging disk of a TPU training pod
 
@@ -317,7 +327,7 @@ def plan_finetune(
         output_dir=rdir,
         num_hosts=place.hosts,
         # The trainer decides whether a final checkpoint fits in the pod's grace period.
-        termination_grace_seconds=settings.termination_grace_seconds,
+        termination_grace_seconds=grace_seconds(spec.tpu, settings),
         peak_tflops_per_device=(
             tpu.GENERATIONS[place.accelerator].peak_bf16_tflops if place.slice else None
         ),
@@ -354,6 +364,7 @@ def plan_finetune(
         merge_memory_gib=_merge_memory_gib(shape, spec, merge.workers),
         service_account=spec.service_account_name or settings.workload_service_account,
         queue=(labels or {}).get("kueue.x-k8s.io/queue-name") or settings.kueue_queue,
+        merge_queue=settings.merge_kueue_queue,
         price_per_chip_hour=price,
         host=host_plan,
     )
@@ -480,6 +491,6 @@ def plan_serve(
         memory=memory,
         image=image,
         service_account=spec.service_account_name or settings.workload_service_account,
-        queue=(labels or {}).get("kueue.x-k8s.io/queue-name") or settings.kueue_queue,
+        queue=(labels or {}).get("kueue.x-k8s.io/queue-name") or settings.serving_kueue_queue,
         startup_seconds=startup,
     )

@@ -18,7 +18,7 @@ from typing import Any
 
 import kopf
 
-from gemma_operator import api, failure_policy, finetune_flow, metrics, retries, serve_flow
+from gemma_operator import addons, api, failure_policy, finetune_flow, metrics, retries, serve_flow
 from gemma_operator.children import common, merge, serving, training
 from gemma_operator.kube import KINDS, UNREAD, ApiError, Kube
 from gemma_operator.lifecycle import Decision
@@ -36,8 +36,8 @@ MUTABLE = {"ConfigMap": (), "Job": (), "JobSet": (),
            "LeaderWorkerSet": ("replicas", "leaderWorkerTemplate", "rolloutStrategy"),
            "Service": ("ports", "selector", "type"),
            "HorizontalPodAutoscaler": ("scaleTargetRef", "minReplicas", "maxReplicas", "metrics", "behavior"),
-           "PodMonitor": ("selector", "podMetricsEndpoints")}  # fmt: skip
-SERVING_KINDS = ("Deployment", "LeaderWorkerSet", "HorizontalPodAutoscaler", "PodMonitor")
+           "PodMonitor": ("selector", "podMetricsEndpoints"), "PodMonitoring": ("selector", "endpoints")}  # fmt: skip
+SERVING_KINDS = ("Deployment", "LeaderWorkerSet", "HorizontalPodAutoscaler", "PodMonitor", "PodMonitoring")
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
@@ -53,6 +53,7 @@ class Controller:
         self._locks: dict[tuple[str, str, str], asyncio.Lock] = collections.defaultdict(asyncio.Lock)
         self.tracker = metrics.PhaseTracker()
         self.retries = retries.Retries()
+        self.addons = addons.Detector(kube, settings.progress_poll_seconds)
 
     def forget(self, kind: str, namespace: str, name: str) -> None:
         self._locks.pop((kind, namespace, name), None)
@@ -124,6 +125,8 @@ class Controller:
         attempt = int(status.get("attempt") or 1) if same_run else 1
         wl_name, _ = training.names(plan, attempt)
         trained = same_run and status.get("phase") in ("Merging", "Succeeded")
+        if not trained and plan.multi_host:
+            view.missing = await self.addons.missing({"JobSet": True})
         if not trained:  # once trained, the lifecycle reads the merge, not the training workload
             view.training = seen[(kind, wl_name)] = await self.kube.get(kind, namespace, wl_name)
             if view.training is not None:
@@ -183,6 +186,10 @@ class Controller:
         view = serve_flow.ServeView(**_observed(body, api.SERVE), plan=plan, problems=problems, fine_tune_name=ref,
                                     fine_tune=fine_tune)  # fmt: skip
         if plan is not None and plan.model_uri:
+            m = plan.spec.metrics
+            view.missing = await self.addons.missing({kind: blocking for kind, blocking, needed in (
+                ("LeaderWorkerSet", True, plan.multi_host), ("PodMonitor", False, m.pod_monitor),
+                ("PodMonitoring", False, m.pod_monitoring)) if needed})  # fmt: skip
             wanted = "LeaderWorkerSet" if plan.multi_host else "Deployment"
             for kind in SERVING_KINDS:
                 obj = seen[(kind, serving.name(plan))] = await self.kube.get(kind, namespace, serving.name(plan))

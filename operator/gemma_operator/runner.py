@@ -22,8 +22,9 @@ from gemma_operator.reconcile import Controller, register
 from gemma_operator.settings import OperatorSettings, load_settings
 
 
-def configure(settings: kopf.OperatorSettings, *, standalone: bool, peering: str, namespaced: bool = False) -> None:
-    """kopf settings chosen once, in one place."""
+def configure(settings: kopf.OperatorSettings, *, peering: str | None = None, namespaced: bool = False) -> None:
+    """kopf settings chosen once, in one place. Standalone unless peering is asked for by name:
+    mandatory peering without kopf's peering CRDs pauses every watch."""
     # The handlers are level-based (on.event), so kopf needs no per-object progress storage;
     # should any be used, keep it in annotations of our own group rather than in status,
     # which the CRD's structural schema would prune.
@@ -34,12 +35,34 @@ def configure(settings: kopf.OperatorSettings, *, standalone: bool, peering: str
     settings.watching.server_timeout = 300  # re-establish watches every few minutes
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
-    settings.peering.standalone = standalone
-    settings.peering.name = peering
-    settings.peering.mandatory = not standalone
+    settings.peering.standalone = peering is None
+    settings.peering.mandatory = peering is not None
+    if peering is not None:
+        settings.peering.name = peering
     # Watching given namespaces needs no cluster-scoped reads: kopf then neither lists namespaces
     # nor watches CRDs (a kind installed later, JobSet say, is seen after a restart).
     settings.scanning.disabled = namespaced
+
+
+class _PausedWatchWarning(logging.Filter):
+    """kopf says only at DEBUG level that it paused its watches (peering CRDs missing, say), and
+    then the operator moves on its poller alone: say it at WARNING, drop kopf's other DEBUG lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG:
+            return True
+        if not record.getMessage().startswith("Pausing the watch-stream"):
+            return False
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def warn_when_watches_pause() -> None:
+    watching = logging.getLogger("kopf._cogs.clients.watching")
+    if not any(isinstance(f, _PausedWatchWarning) for f in watching.filters):
+        watching.addFilter(_PausedWatchWarning())
+    if watching.getEffectiveLevel() > logging.DEBUG:
+        watching.setLevel(logging.DEBUG)
 
 
 def _client_from_environment() -> kubernetes.client.ApiClient:
@@ -53,6 +76,10 @@ def _client_from_environment() -> kubernetes.client.ApiClient:
 def run(args: argparse.Namespace) -> int:
     """`gemma-tpu operator`: run until stopped (exit status 1 when leadership was lost)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.standalone and args.peering:
+        logging.error("--standalone and --peering exclude each other")
+        return 2
+    warn_when_watches_pause()
     settings = load_settings(args.settings)
     client = _client_from_environment()
     controller = Controller(Kube(client), settings, args.namespace)
@@ -63,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: object) -> None:
-        configure(settings, standalone=args.standalone, peering=args.peering, namespaced=bool(args.namespace))
+        configure(settings, peering=args.peering, namespaced=bool(args.namespace))
         if args.metrics_port:
             metrics.serve(args.metrics_port)
 
@@ -74,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
             stop_flag = stack.enter_context(leader.leading(client, args.leader_election_lease, registry, args.liveness, lost))
         kopf.run(
             registry=registry,
-            standalone=args.standalone,
+            standalone=args.peering is None,
             peering_name=args.peering,
             liveness_endpoint=args.liveness or None,
             clusterwide=not args.namespace,
@@ -99,7 +126,7 @@ async def spawn(
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: object) -> None:
-        configure(settings, standalone=True, peering="gemma-tpu-operator", namespaced=bool(namespaces))
+        configure(settings, namespaced=bool(namespaces))
         settings.watching.server_timeout = 30
 
     @kopf.on.login(registry=registry)

@@ -61,7 +61,8 @@ def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
               f"serving {p.model_uri} while GemmaFineTune {v.fine_tune_name} is {ft_status.get('phase', 'missing')}")  # fmt: skip
     else:
         _cond(v, st, "ModelReady", True, "Resolved", p.model_uri)
-    d.create += serving_objects(p, settings, v.owner)
+    absent = {m.kind for m in v.missing}  # an optional monitor whose CRD is not installed
+    d.create += [o for o in serving_objects(p, settings, v.owner) if o["kind"] not in absent]
     wanted = {(o["kind"], o["metadata"]["name"]) for o in d.create}
     d.delete += [o for o in v.extras if (o["kind"], o["metadata"]["name"]) not in wanted]  # e.g. autoscaling removed
     st.update(modelUri=p.model_uri, servedModelName=p.served_name, endpoint=serving.endpoint(p))

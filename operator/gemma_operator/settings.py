@@ -29,6 +29,13 @@ class Images(_Settings):
     # vLLM-TPU: the tag the seed paper served Gemma 4 with (pin a digest in production).
     serving_tpu: str = "vllm/vllm-tpu:gemma4"
     serving_cpu: str = "ghcr.io/gemma-tpu-operator/vllm-cpu:0.32.0"
+    # The LWS vLLM-TPU example's path. vLLM has moved the script between versions
+    # (examples/online_serving/ and examples/ray_serving/), and which one serving_tpu's tag
+    # ships was not verified: change it with the image.
+    serving_tpu_ray_script: str = Field(
+        default="/workspace/vllm/examples/online_serving/multi-node-serving.sh",
+        description="Script in the serving_tpu image that starts a Ray head (multi-host leader) or joins it.",
+    )
 
 
 class Resources(_Settings):
@@ -103,16 +110,25 @@ class OperatorSettings(_Settings):
         description="Node pool per v6e topology (e.g. '2x4': a ct6e-standard-8t pool), since "
         "2x4 also matches the two-host ct6e-standard-4t shape.",
     )
-    serving_multihost_script: str = Field(
-        # Ships in the vLLM-TPU image (the LWS vLLM-TPU example runs it); starts or joins Ray.
-        default="/workspace/vllm/examples/online_serving/multi-node-serving.sh",
-        description="Script in the serving image that starts a Ray leader or joins it as a worker.",
+    workload_user: int = Field(
+        default=65532, ge=1,
+        description="uid and gid of the workloads image's USER: owner of the FUSE mounts it writes to.",
+    )
+    merge_fuse_sidecar_memory: str = Field(
+        # The driver's default is 256Mi; what writing two multi-GB files needs was not measured.
+        default="1Gi", description="gke-gcsfuse/memory-limit of the merge's Cloud Storage FUSE sidecar.",
     )
     workload_service_account: str | None = Field(
         default=None, description="ServiceAccount for workload pods when a CR names none."
     )
     kueue_queue: str | None = Field(
-        default=None, description="Kueue LocalQueue for children of CRs that carry no queue label."
+        default=None, description="Kueue LocalQueue for training workloads of CRs that carry no queue label."
+    )
+    # A training queue's flavor may inject TPU node labels: a CPU merge or a serving pod sent there
+    # stays Pending, so each kind of workload has its own queue, none by default.
+    merge_kueue_queue: str | None = Field(default=None, description="Kueue LocalQueue for merge Jobs.")
+    serving_kueue_queue: str | None = Field(
+        default=None, description="Kueue LocalQueue for vLLM servers of GemmaServes that carry no queue label."
     )
     training_env: dict[str, str] = Field(
         # Cuts the first XLA compile of Gemma 4 31B from about 8 to about 3 minutes (seed paper).
@@ -121,6 +137,12 @@ class OperatorSettings(_Settings):
     termination_grace_seconds: Annotated[
         int, Field(ge=30, description="Time a preempted trainer gets to write its last checkpoint.")
     ] = 120
+    # GKE gives Spot pods a best-effort 15 s after the reclaim notice; Standard node pools can raise
+    # it to 120 s through the node system configuration from GKE 1.35.0-gke.1171000 (GKE docs,
+    # "Spot VMs", graceful shutdown). Raise this setting only with that configuration.
+    spot_termination_grace_seconds: Annotated[
+        int, Field(ge=0, le=120, description="Grace a Spot pod gets after a reclaim notice (GKE: 15 s by default).")
+    ] = 15
     progress_poll_seconds: Annotated[
         float, Field(gt=0, description="How often live training progress is read from pod logs.")
     ] = 30.0

@@ -21,6 +21,9 @@ RESERVATION_AFFINITY_LABEL = "cloud.google.com/reservation-affinity"
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 # GKE taints TPU nodes google.com/tpu=present:NoSchedule; tolerate it whatever its value.
 TPU_TOLERATION = {"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+# Node auto-provisioning (and Autopilot) taints Spot nodes cloud.google.com/gke-spot=true:NoSchedule
+# (GKE docs, "Spot VMs": node taints for Spot VMs).
+SPOT_TOLERATION = {"key": SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,7 @@ def test_a_gs_output_reaches_the_merge_through_cloud_storage_fuse():
     assert cfg.checkpoint_dir.startswith("gs://"), "Orbax reads checkpoints from gs:// itself"
     job = merge.job(p, SETTINGS, OWNER)
     tmpl = job["spec"]["template"]
-    assert tmpl["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+    assert tmpl["metadata"]["annotations"]["gke-gcsfuse/volumes"] == "true"
     [vol] = [v for v in tmpl["spec"]["volumes"] if v["name"] == "output"]
     assert vol["csi"]["readOnly"] is False and vol["csi"]["volumeAttributes"]["bucketName"] == "out"
     assert {"name": "output", "mountPath": "/gcs/out"} in tmpl["spec"]["containers"][0]["volumeMounts"]

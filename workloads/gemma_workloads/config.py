@@ -20,6 +20,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # an application error: not retried
 EXIT_INVALID_INPUT = 2  # bad config or data: not retried
 EXIT_PREEMPTED = 42  # stopped by SIGTERM after a checkpoint: retried, not counted as a failure
+MERGE_SHARD_WRITERS = 2  # output shards the merge writes at once (what a FUSE sidecar must stage)
 
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_LOG_LIMIT = 4096  # bytes Kubernetes keeps of a termination message

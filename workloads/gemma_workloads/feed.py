@@ -63,7 +63,9 @@ class DataFeed(hooks.DataHooks):
         if (done and self.preemption.multi_host) or not self.preemption.requested(trainer.train_steps):
             return False
         left = (self.accumulation - done) % self.accumulation
-        if not self.preemption.fits((left + 1) * self.micro_seconds):
+        times = getattr(trainer, "save_times", None)  # saves are written in the background: add their time
+        save = times.longest if times else 0.0
+        if not self.preemption.fits((left + 1) * self.micro_seconds + save):
             raise Preempted(f"no time left in the grace period to checkpoint step {trainer.train_steps + bool(left)}")
         if left:
             return False

@@ -33,6 +33,7 @@ from gemma_workloads.config import (
     EXIT_INVALID_INPUT,
     EXIT_OK,
     LORA_MODULES,
+    MERGE_SHARD_WRITERS,
     TERMINATION_LOG,
     MergeConfig,
     MergeResult,
@@ -217,7 +218,8 @@ def merge(config: MergeConfig) -> MergeResult:
     log.info("merge: step %d of %s into %s: %d shards, %d to write", ckpt.step, ckpt.checkpoint_dir, output, len(shards), len(todo))
     # Two shards at a time, so one's final sync overlaps the next one's work. One BLAS thread per
     # worker: OpenBLAS's own threads would spin against ours.
-    with threadpool_limits(1, "blas"), ThreadPoolExecutor(config.workers) as pool, ThreadPoolExecutor(2) as writers:
+    with (threadpool_limits(1, "blas"), ThreadPoolExecutor(config.workers) as pool,
+          ThreadPoolExecutor(MERGE_SHARD_WRITERS) as writers):
         pipeline = Pipeline.create(pool, config.workers)
         futures = {writers.submit(write_shard, staging, s, pipeline): s for s in todo}
         try:

@@ -110,6 +110,7 @@ class Trainer(peft_trainer.PeftTrainer):
 
     feed: DataFeed | None = None
     mesh: jax.sharding.Mesh | None = None
+    save_times: checkpoints.SaveTimes | None = None
 
     def jit_train_and_eval_step(self, skip_jit: bool = False, cache_nnx_graph: bool = False):
         """Tunix's jitted steps, with the model donated as well as the optimizer: otherwise every
@@ -161,15 +162,18 @@ def adapt(model: gemma4.Gemma4, config: TrainConfig, device_mesh: jax.sharding.M
 
 def make_trainer(model: gemma4.Gemma4, config: TrainConfig, total_steps: int, device_mesh: jax.sharding.Mesh) -> Trainer:
     """Tunix's PeftTrainer for the config; it restores the latest complete checkpoint, if any."""
+    times = checkpoints.SaveTimes()
     trainer = Trainer(model, optimizer(config, total_steps), peft_trainer.TrainingConfig(
         eval_every_n_steps=config.checkpoint_every,
         max_steps=total_steps,
         gradient_accumulation_steps=config.grad_accumulation if config.grad_accumulation > 1 else None,
         checkpoint_root_directory=config.checkpoint_dir,
-        checkpointing_options=checkpoints.options(config, total_steps),
+        checkpointing_options=checkpoints.options(config, total_steps, times),
         pbar_description=None,
     )).with_gen_model_input_fn(batching.model_inputs)
     trainer.mesh = device_mesh
+    trainer.save_times = times
+    checkpoints.time_saves(trainer.checkpoint_manager, times)
     return trainer
 
 

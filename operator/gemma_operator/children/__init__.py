@@ -21,6 +21,6 @@ def merge_objects(plan: FineTunePlan, settings: OperatorSettings, owner: dict | 
 
 
 def serving_objects(plan: ServePlan, settings: OperatorSettings, owner: dict | None = None) -> list[dict[str, Any]]:
-    """The vLLM Deployment (or LeaderWorkerSet), its Service, and the optional HPA and PodMonitor."""
-    optional = [scaling.autoscaler(plan, owner), scaling.pod_monitor(plan, owner)]
+    """The vLLM Deployment (or LeaderWorkerSet), its Service, and the optional HPA and monitors."""
+    optional = [scaling.autoscaler(plan, owner), scaling.pod_monitor(plan, owner), scaling.pod_monitoring(plan, owner)]
     return [serving.workload(plan, settings, owner), serving.service(plan, owner), *(o for o in optional if o)]

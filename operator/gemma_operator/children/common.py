@@ -17,22 +17,35 @@ SERVE_LABEL = f"{PREFIX}/serve"
 RUN_LABEL = f"{PREFIX}/run"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-MAX_NAME = 63  # Job names become pod label values
+MAX_NAME = 63  # a DNS label, and a label value
 
 
-def child_name(parent: str, *suffix: str, limit: int = MAX_NAME) -> str:
-    """`<parent>-<suffix>`, shortened with a hash when it would exceed the limit."""
-    name = "-".join((parent, *suffix))
-    if len(name) <= limit:
-        return name
-    tail = "-" + "-".join(suffix) if suffix else ""
-    h = hashlib.sha256(name.encode()).hexdigest()[:6]
+def child_name(parent: str, *suffix: str, reserve: int = 0) -> str:
+    """`<parent>-<suffix>` as a DNS-1035 label (a letter first, no dots) that leaves `reserve`
+    characters of the 63 for what a controller appends to it (training.jobset_reserve, serving.LWS_RESERVE).
+
+    A CR name is any DNS-1123 subdomain (up to 253 characters, dots, a leading digit): when it
+    does not fit as it is, it is shortened and a hash of the whole name keeps children of
+    different CRs apart; the full name stays in the `app.kubernetes.io/instance`-style labels.
+    """
+    limit = MAX_NAME - reserve
+    full = "-".join((parent, *suffix))
+    base = parent.replace(".", "-")
+    if not base[0].isalpha():
+        base = "g" + base
+    if base == parent and len(full) <= limit:
+        return full
+    tail = "".join(f"-{s}" for s in suffix)
+    h = hashlib.sha256(full.encode()).hexdigest()[:6]
     keep = limit - len(tail) - len(h) - 1
-    return f"{parent[:keep].rstrip('-.')}-{h}{tail}"
+    return f"{base[:keep].rstrip('-')}-{h}{tail}"
 
 
 def label_value(value: str) -> str:
-    return value if len(value) <= MAX_NAME else child_name(value[:40], limit=MAX_NAME)
+    """A CR name as a label value: itself when it fits, else a prefix and a hash of the whole."""
+    if len(value) <= MAX_NAME:
+        return value
+    return f"{value[:MAX_NAME - 7].rstrip('-.')}-{hashlib.sha256(value.encode()).hexdigest()[:6]}"
 
 
 def labels(kind: api.Kind, parent: str, component: str, run: str | None = None) -> dict[str, str]:

@@ -4,14 +4,15 @@ is sized from the model (see plan._merge_memory_gib), not from the model's full 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from gemma_operator import api
 from gemma_operator.children import common
-from gemma_operator.children.model_delivery import fuse_volume, split_gcs
+from gemma_operator.children.model_delivery import fuse_volume, split_gcs, writable_options
 from gemma_operator.plan import CONFIG_DIR, MERGE_CONFIG_FILE, FineTunePlan, fuse_path
 from gemma_operator.settings import OperatorSettings
-from gemma_workloads.config import EXIT_INVALID_INPUT
+from gemma_workloads.config import EXIT_INVALID_INPUT, MERGE_SHARD_WRITERS
 
 CONTAINER = "merge"
 
@@ -31,14 +32,28 @@ def config_map(plan: FineTunePlan, owner: dict | None, checkpoint_step: int | No
     return common.config_map(name(plan), plan.namespace, _labels(plan), owner, {MERGE_CONFIG_FILE: config.dumps()})
 
 
-def _output_mount(plan: FineTunePlan) -> tuple[list[dict], list[dict], dict[str, str]]:
-    """A gs:// output bucket, mounted read-write with Cloud Storage FUSE where MergeConfig expects it."""
+def fuse_sidecar_storage(shard_size_bytes: int) -> str:
+    """The FUSE sidecar stages each file being written on its ephemeral storage until it is closed,
+    and the merge writes MERGE_SHARD_WRITERS shards at once; the driver's default limit is 5Gi
+    (gcs-fuse-csi-driver cmd/webhook/main.go), less than two 5 GB shards."""
+    return f"{math.ceil(MERGE_SHARD_WRITERS * shard_size_bytes / 2**30) + 1}Gi"
+
+
+def _output_mount(plan: FineTunePlan, settings: OperatorSettings) -> tuple[list[dict], list[dict], dict[str, str]]:
+    """A gs:// output bucket, mounted read-write with Cloud Storage FUSE where MergeConfig expects it,
+    owned by the pod's user, with a sidecar sized for the shards in flight."""
     if not plan.merged_dir.startswith("gs://"):
         return [], [], {}
     bucket = f"gs://{split_gcs(plan.merged_dir)[0]}"
-    volume = fuse_volume("output", bucket, read_only=False, extra_options=[], attributes={})
+    volume = fuse_volume("output", bucket, read_only=False, extra_options=writable_options(settings.workload_user),
+                         attributes={})  # fmt: skip
     mount = {"name": "output", "mountPath": fuse_path(bucket)}
-    return [volume], [mount], {"gke-gcsfuse/volumes": "true"}
+    annotations = {
+        "gke-gcsfuse/volumes": "true",
+        "gke-gcsfuse/ephemeral-storage-limit": fuse_sidecar_storage(plan.merge.shard_size_bytes),
+        "gke-gcsfuse/memory-limit": settings.merge_fuse_sidecar_memory,
+    }
+    return [volume], [mount], annotations
 
 
 def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> dict[str, Any]:
@@ -46,7 +61,7 @@ def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> d
     cfg_volume, cfg_mount = common.config_volume(job_name)
     store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
     memory = f"{plan.merge_memory_gib}Gi"
-    fuse_volumes, fuse_mounts, annotations = _output_mount(plan)
+    fuse_volumes, fuse_mounts, annotations = _output_mount(plan, settings)
     # An hf:// base is downloaded before it is read, onto a disk sized for it; gs:// is read in place.
     staged = plan.host if plan.merge.base_model_path.startswith("hf://") else None
     staging_volumes, staging_mounts = common.staging_volume(staged, _labels(plan), settings)
@@ -70,15 +85,17 @@ def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> d
         "restartPolicy": "Never",
         "containers": [container],
         "volumes": [cfg_volume, *staging_volumes, *store_volumes, *fuse_volumes],
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-    }
+        # The user the FUSE mount is owned by (the workloads image's USER), whatever the image says.
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}, "runAsNonRoot": True,
+                            "runAsUser": settings.workload_user, "runAsGroup": settings.workload_user},
+    }  # fmt: skip
     if settings.merge_node_selector:
         pod_spec["nodeSelector"] = dict(settings.merge_node_selector)
     if plan.service_account:
         pod_spec["serviceAccountName"] = plan.service_account
     meta = common.metadata(job_name, plan.namespace, _labels(plan), owner)
-    if plan.queue:
-        meta["labels"][common.QUEUE_LABEL] = plan.queue
+    if plan.merge_queue:  # never the training queue: its flavor may ask for TPU nodes
+        meta["labels"][common.QUEUE_LABEL] = plan.merge_queue
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

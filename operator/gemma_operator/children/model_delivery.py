@@ -36,6 +36,19 @@ class Delivery:
     annotations: dict[str, str] = field(default_factory=dict)
 
 
+# gcsfuse refuses to rename a directory with more descendants than this (its flag
+# rename-dir-limit, default 0) on buckets without hierarchical namespace; the merge publishes its
+# output folder by a rename.
+RENAME_DIR_LIMIT = 10_000
+
+
+def writable_options(user: int) -> list[str]:
+    """Mount options of a FUSE volume a non-root container writes to: the driver mounts as root
+    unless told the owner and modes (gcs-fuse-csi-driver README, "Mount options" for non-root
+    containers: uid, gid, file-mode, dir-mode), and writes then fail with "Permission denied"."""
+    return [f"uid={user}", f"gid={user}", "file-mode=664", "dir-mode=775", f"rename-dir-limit={RENAME_DIR_LIMIT}"]
+
+
 def split_gcs(uri: str) -> tuple[str, str]:
     bucket, _, path = uri.removeprefix("gs://").partition("/")
     return bucket, path.strip("/")

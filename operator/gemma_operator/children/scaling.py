@@ -1,6 +1,6 @@
 """What scales and watches the servers: a HorizontalPodAutoscaler on a per-pod vLLM metric
-(waiting requests by default, the signal that grows before latency does), and a PodMonitor so
-prometheus-operator scrapes vLLM's /metrics."""
+(waiting requests by default, the signal that grows before latency does), and a PodMonitor
+(prometheus-operator) or PodMonitoring (GKE Managed Prometheus) that scrapes vLLM's /metrics."""
 
 from __future__ import annotations
 
@@ -37,13 +37,24 @@ def autoscaler(plan: ServePlan, owner: dict | None) -> dict[str, Any] | None:
 def pod_monitor(plan: ServePlan, owner: dict | None) -> dict[str, Any] | None:
     if not plan.spec.metrics.pod_monitor:
         return None
+    return _monitor(plan, owner, "monitoring.coreos.com/v1", "PodMonitor", "podMetricsEndpoints")
+
+
+def pod_monitoring(plan: ServePlan, owner: dict | None) -> dict[str, Any] | None:
+    """GKE Managed Prometheus scrapes what a PodMonitoring (monitoring.googleapis.com/v1) selects."""
+    if not plan.spec.metrics.pod_monitoring:
+        return None
+    return _monitor(plan, owner, "monitoring.googleapis.com/v1", "PodMonitoring", "endpoints")
+
+
+def _monitor(plan: ServePlan, owner: dict | None, api_version: str, kind: str, endpoints: str) -> dict[str, Any]:
     return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "PodMonitor",
+        "apiVersion": api_version,
+        "kind": kind,
         "metadata": common.metadata(serving.name(plan), plan.namespace, serving._labels(plan), owner),
         "spec": {
             "selector": {"matchLabels": serving.selector(plan)},
-            "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "30s"}],
+            endpoints: [{"port": "http", "path": "/metrics", "interval": "30s"}],
         },
     }
 

@@ -27,8 +27,16 @@ ROLE_LABEL = f"{common.PREFIX}/role"
 CACHE_DIR = "/cache"
 
 
+# A LeaderWorkerSet's groups are StatefulSets `<lws>-<group>` whose pods are `<lws>-<group>-<index>`
+# and carry `controller-revision-hash=<statefulset>-<hash of up to 10>` (kubernetes-sigs/lws
+# pkg/controllers; kubernetes pkg/controller/history): a label value and a hostname, 63 at most.
+# Groups are replicas, at most 1000 (api.GemmaServeSpec), so 3 digits.
+LWS_RESERVE = len("-999") + len("-") + 10
+
+
 def name(plan: ServePlan) -> str:
-    return common.child_name(plan.name, "vllm")
+    """The workload, Service, HPA and PodMonitor name (a Service name is a DNS-1035 label)."""
+    return common.child_name(plan.name, "vllm", reserve=LWS_RESERVE if plan.multi_host else 0)
 
 
 def _labels(plan: ServePlan) -> dict[str, str]:
@@ -52,7 +60,28 @@ def launch(plan: ServePlan, model: str) -> VllmLaunch:
         tensor_parallel_size=plan.tensor_parallel, max_model_len=v.max_model_len, max_num_seqs=v.max_num_seqs,
         max_num_batched_tokens=v.max_num_batched_tokens, gpu_memory_utilization=v.gpu_memory_utilization,
         dtype=v.dtype, port=PORT, extra_args=extra, api_key_secret=v.api_key_secret_ref,
+        engine_ready_timeout_s=plan.startup_seconds,
     )  # fmt: skip
+
+
+# tpu-inference (tpu_inference/platforms/tpu_platform.py, check_and_update_config) forces a
+# single-process executor unless TPU_MULTIHOST_BACKEND=ray, whatever --distributed-executor-backend
+# says; upstream multi-host launchers set it on the leader and on every worker.
+MULTIHOST_ENV = {"TPU_MULTIHOST_BACKEND": "ray"}
+
+
+def ray_command(script: str, role_args: str, then: list[str] | None = None) -> list[str]:
+    """Run the image's Ray launcher: a worker becomes it, a leader runs it to form the cluster and
+    then becomes vLLM. A missing script, or a leader's failed launch, ends the container with a
+    message saying which (the termination message falls back to the log)."""
+    q = shlex.quote(script)
+    missing = shlex.quote(f"gemma-tpu: the Ray launcher {script} is not in this image; set "
+                          "images.serving_tpu_ray_script to where the serving image has multi-node-serving.sh")
+    line = f"test -f {q} || {{ echo {missing} >&2; exit 1; }}; "
+    if not then:
+        return ["sh", "-c", f"{line}exec bash {q} {role_args}"]
+    failed = shlex.quote(f"gemma-tpu: {script} {role_args.split()[0]} failed: the Ray cluster did not form")
+    return ["sh", "-c", f"{line}bash {q} {role_args} || {{ echo {failed} >&2; exit 1; }}; exec {shlex.join(then)}"]
 
 
 def _probe(path: str, api_key: bool) -> dict[str, Any]:
@@ -81,6 +110,8 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
     shm, shm_mount = common.shm_volume()
     store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
     env += model.env
+    if plan.multi_host:
+        env += common.env_list(MULTIHOST_ENV)
     env += common.env_list({"HOME": CACHE_DIR, "XDG_CACHE_HOME": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/huggingface"})
     if plan.spec.model.hf_token_secret_ref:
         env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
@@ -93,12 +124,14 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
                          {"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": {**common.RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True},
     }  # fmt: skip
+    script = settings.images.serving_tpu_ray_script
+    if plan.multi_host:
+        container["terminationMessagePolicy"] = "FallbackToLogsOnError"
     if role == "worker":
-        container["command"] = ["sh", "-c", f"bash {settings.serving_multihost_script} worker --ray_address=$(LWS_LEADER_ADDRESS)"]
+        container["command"] = ray_command(script, "worker --ray_address=$(LWS_LEADER_ADDRESS)")
     else:
         if role == "leader":
-            ray = f"bash {settings.serving_multihost_script} leader --ray_cluster_size=$(LWS_GROUP_SIZE)"
-            container["command"] = ["sh", "-c", f"{ray} && exec {shlex.join(command + args)}"]
+            container["command"] = ray_command(script, "leader --ray_cluster_size=$(LWS_GROUP_SIZE)", command + args)
         else:
             container["command"], container["args"] = command, args
         budget = plan.startup_seconds

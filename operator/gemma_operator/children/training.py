@@ -23,10 +23,20 @@ EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 SUSPEND_ANNOTATION = f"{common.PREFIX}/suspend"
 
 
+REPLICATED_JOB = "slice"
+
+
+def jobset_reserve(hosts: int) -> int:
+    """What JobSet appends to its name: its webhook (kubernetes-sigs/jobset
+    pkg/webhooks/jobset_webhook.go) requires the longest pod name,
+    `<jobset>-<replicatedJob>-<jobIndex>-<podIndex>-<5 random>`, to be a DNS-1035 label."""
+    return len(f"-{REPLICATED_JOB}-0-{hosts - 1}-abcde")
+
+
 def names(plan: FineTunePlan, attempt: int = 1) -> tuple[str, str]:
     """(workload name, ConfigMap name). A retry after the Job vanished is a new attempt."""
     suffix = ("train", plan.run) if attempt <= 1 else ("train", plan.run, str(attempt))
-    name = common.child_name(plan.name, *suffix)
+    name = common.child_name(plan.name, *suffix, reserve=jobset_reserve(plan.placement.hosts) if plan.multi_host else 0)
     return name, name
 
 
@@ -76,7 +86,7 @@ def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name
         container["ports"] = [{"containerPort": JAX_COORDINATOR_PORT, "name": "jax"}]
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": settings.termination_grace_seconds,
+        "terminationGracePeriodSeconds": int(plan.train.termination_grace_seconds),
         "containers": [container],
         "volumes": [cfg_volume, shm, *staging_volumes, *store_volumes],
     }
@@ -119,7 +129,7 @@ def workload(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None,
             "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
             "replicatedJobs": [
                 {
-                    "name": "slice",
+                    "name": REPLICATED_JOB,
                     "replicas": 1,
                     "template": {
                         "spec": {

@@ -43,6 +43,9 @@ class VllmLaunch:
     port: int = 8000
     extra_args: tuple[str, ...] = ()
     api_key_secret: SecretKeyRef | None = None
+    # vLLM gives up on its engine after VLLM_ENGINE_READY_TIMEOUT_S (vllm/envs.py: 600 s by
+    # default), which must not be shorter than the time the startup probe allows.
+    engine_ready_timeout_s: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "extra_args", tuple(self.extra_args))
@@ -123,6 +126,8 @@ def vllm_container(launch: VllmLaunch) -> tuple[list[str], list[str], list[dict]
     args += profile.flags(launch)
     args += launch.extra_args
     env = profile.env(launch)
+    if launch.engine_ready_timeout_s is not None:
+        env.append({"name": "VLLM_ENGINE_READY_TIMEOUT_S", "value": str(launch.engine_ready_timeout_s)})
     if launch.api_key_secret is not None:
         ref = launch.api_key_secret
         env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})

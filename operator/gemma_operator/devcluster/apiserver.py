@@ -40,6 +40,7 @@ from gemma_operator.devcluster.semantics import (
 from gemma_operator.status import now, timestamp
 
 HISTORY = 50_000  # watch events kept for resuming
+OPENAPI_V3 = "/openapi/v3/apis/"
 SUBRESOURCE_VERBS = {"status": ["get", "patch", "update"], "scale": ["get", "patch", "update"], "log": ["get"]}
 IN_CATEGORY_ALL = {"pods", "services", "deployments", "jobs", "horizontalpodautoscalers"}
 # Server-side printing of built-in kinds: the API server's own columns, as (name, type, JSON path).
@@ -120,6 +121,8 @@ class ApiServer(kmock.KubernetesScaffold):
         it served: keep the last few, or a long-running cluster grows without bound."""
         del self._requests[:-1000]
         handler = self._verbs.get(request.action) if request.resource is not None and request.resource in self._kinds else None
+        if handler is None and request.url.path.startswith(OPENAPI_V3):
+            return await kmock.Response(payload=self._openapi(request.url.path.removeprefix(OPENAPI_V3)))(request)
         if handler is None:
             return await super()._handle(request)
         result = handler(request)
@@ -142,6 +145,21 @@ class ApiServer(kmock.KubernetesScaffold):
             categories=set(categories),
         )  # fmt: skip
         self._kinds[res] = Kind(res, kind, namespaced, set(subresources), schema, list(columns or []))
+
+    def unregister(self, group_version: str, plural: str) -> None:
+        """Take a kind out of discovery and the store, as a cluster without that add-on."""
+        group, _, version = group_version.rpartition("/")
+        res = kmock.resource(group, version, plural)
+        self.resources.pop(res, None)
+        self._kinds.pop(res, None)
+
+    def _openapi(self, group_version: str) -> dict[str, Any]:
+        """The OpenAPI v3 document of a group-version, from the schemas its kinds were registered with."""
+        schemas = {f"{k.resource.group}.{k.resource.version}.{k.kind}": k.schema for k in self._kinds.values()
+                   if k.schema and f"{k.resource.group}/{k.resource.version}" == group_version}  # fmt: skip
+        if not schemas:
+            raise error(404, "NotFound", f"no OpenAPI v3 document for {group_version}")
+        return {"openapi": "3.0.0", "components": {"schemas": schemas}}
 
     def register_crd(self, definition: dict[str, Any]) -> None:
         spec = definition["spec"]
@@ -171,6 +189,7 @@ class ApiServer(kmock.KubernetesScaffold):
             ("jobset.x-k8s.io/v1alpha2", "jobsets", "JobSet", {"status"}, set()),
             ("leaderworkerset.x-k8s.io/v1", "leaderworkersets", "LeaderWorkerSet", {"status", "scale"}, {"lws"}),
             ("monitoring.coreos.com/v1", "podmonitors", "PodMonitor", set(), {"pmon"}),
+            ("monitoring.googleapis.com/v1", "podmonitorings", "PodMonitoring", {"status"}, set()),
             ("monitoring.coreos.com/v1", "servicemonitors", "ServiceMonitor", set(), {"smon"}),
             ("apiextensions.k8s.io/v1", "customresourcedefinitions", "CustomResourceDefinition", {"status"}, {"crd", "crds"}),
         ]:
