@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gemma_operator.children import merge
-from gemma_operator.plan import parse_size, plan_finetune
+from gemma_operator.fit import parse_size
+from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import MERGE_SHARD_WRITERS
 from tests.support.builders import finetune
@@ -44,7 +45,8 @@ def test_the_merge_can_write_through_fuse_as_its_own_user(shard_size):
     assert int(opts["file-mode"], 8) & 0o600 == 0o600 and int(opts["dir-mode"], 8) & 0o700 == 0o700
     # gcsfuse's rename-dir-limit defaults to 0: the merge publishes its folder by a rename.
     assert int(opts["rename-dir-limit"]) >= 1000 and "implicit-dirs" in opts
-    assert "fsGroup" not in security, "the mount options already say who owns the files"
+    # With fsGroup the driver passes it as the gid (gcs-fuse-csi-driver README): it must agree.
+    assert security.get("fsGroup", security["runAsGroup"]) == security["runAsGroup"]
     # The sidecar stages each file being written: it must hold every shard in flight.
     annotations = pod["metadata"]["annotations"]
     storage = quantity(annotations["gke-gcsfuse/ephemeral-storage-limit"])

@@ -166,3 +166,20 @@ def test_the_merge_downloads_an_hf_base_onto_a_sized_disk_and_reads_gs_in_place(
     assert memory_backed_paths(pod) == []
     [pod] = pods(merge.job(plan(paper_run(finetune("gs"))), settings, None))
     assert "HF_HOME" not in str(pod["containers"][0]["env"]) and not any(v["name"] == "staging" for v in pod["volumes"])
+
+
+@pytest.mark.parametrize("phase", ["train", "merge"])
+def test_the_disks_a_workload_writes_are_its_own(phase):
+    """A volume claimed with the pod (or a PVC) is mounted root-owned unless the pod sets fsGroup
+    (Kubernetes docs, "Configure a Security Context for a Pod or Container"), and the workloads
+    image runs as a non-root USER: without fsGroup the download to /staging fails with EACCES."""
+    b = paper_run().set("storage", {"persistentVolumeClaim": "runs", "mountPath": "/runs"})
+    p = plan(b.set("output", {"uri": "/runs/out"}))
+    settings = OperatorSettings()
+    workload = training.workload(p, settings, None) if phase == "train" else merge.job(p, settings, None)
+    for pod in pods(workload):
+        written = {v["name"] for v in pod["volumes"] if "ephemeral" in v or "persistentVolumeClaim" in v}
+        assert written, "the 31B hf:// run stages on a claimed disk and writes to its PVC"
+        security = pod["securityContext"]
+        assert security["runAsNonRoot"] is True
+        assert security["fsGroup"] == security["runAsGroup"] == settings.workload_user

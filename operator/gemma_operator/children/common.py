@@ -152,6 +152,16 @@ def place(pod_spec: dict[str, Any], placement: Any, service_account: str | None)
     return pod_spec
 
 
+def workload_pod_security(settings: OperatorSettings) -> dict[str, Any]:
+    """Who training and merge pods run as: the workloads image's USER, stated so that FUSE mount
+    options can name it, and fsGroup so that the disks they write (a staging volume, a PVC) are
+    theirs: Kubernetes mounts a new volume root-owned unless the pod sets fsGroup (Kubernetes docs,
+    "Configure a Security Context for a Pod or Container": fsGroup)."""
+    uid = settings.workload_user
+    return {"seccompProfile": {"type": "RuntimeDefault"}, "runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid,
+            "fsGroup": uid, "fsGroupChangePolicy": "OnRootMismatch"}  # fmt: skip
+
+
 RESTRICTED_CONTAINER = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},

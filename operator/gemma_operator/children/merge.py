@@ -85,10 +85,8 @@ def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> d
         "restartPolicy": "Never",
         "containers": [container],
         "volumes": [cfg_volume, *staging_volumes, *store_volumes, *fuse_volumes],
-        # The user the FUSE mount is owned by (the workloads image's USER), whatever the image says.
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}, "runAsNonRoot": True,
-                            "runAsUser": settings.workload_user, "runAsGroup": settings.workload_user},
-    }  # fmt: skip
+        "securityContext": common.workload_pod_security(settings),
+    }
     if settings.merge_node_selector:
         pod_spec["nodeSelector"] = dict(settings.merge_node_selector)
     if plan.service_account:

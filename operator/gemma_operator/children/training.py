@@ -89,6 +89,7 @@ def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name
         "terminationGracePeriodSeconds": int(plan.train.termination_grace_seconds),
         "containers": [container],
         "volumes": [cfg_volume, shm, *staging_volumes, *store_volumes],
+        "securityContext": common.workload_pod_security(settings),
     }
     common.place(spec, plan.placement, plan.service_account)
     return {"metadata": {"labels": _labels(plan)}, "spec": spec}
