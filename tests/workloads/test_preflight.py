@@ -20,6 +20,7 @@ from gemma_workloads.config import EXIT_INVALID_INPUT
 
 SHARD = "model-0000{}-of-00003.safetensors"
 DATA_PATH = "/1/model_params/ocdbt.process_0/d"
+LOCAL = "sliding_attention"
 
 
 @dataclass
@@ -175,6 +176,13 @@ CASES: dict[str, tuple[str, Break, str]] = {
     "a Gemma 4 config without a field the loader needs": (
         "train", lambda i: patch_json(i.model / "config.json", head_dim=None),
         r"config\.json: field head_dim is missing; a Gemma 4 config\.json has it"),
+    "shards of another size than config.json": (
+        "train", lambda i: patch_json(i.model / "config.json", vocab_size=1024),
+        r"tensor model\.embed_tokens\.weight is \[512, 96\], but \S+config\.json gives vocab_size x hidden_size "
+        r"\[1024, 96\]: the weights and config\.json are of different models"),
+    "config.json with more layers than the shards hold": (
+        "merge", lambda i: patch_json(i.model / "config.json", num_hidden_layers=3, layer_types=[LOCAL] * 3),
+        r"no tensors for decoder layer\(s\) \[2\] of the 3 in \S+config\.json: the copy is incomplete"),
     "a chat template that does not compile": (
         "train", lambda i: (i.model / "chat_template.jinja").write_text("{{ bos_token }}\n{% for m in messages %}\n"),
         r"chat_template\.jinja:\d+: chat template syntax error: Unexpected end of template"),

@@ -8,6 +8,8 @@ folders are checked without a download), and reported with the file, the place i
 
 from __future__ import annotations
 
+import re
+
 from etils import epath
 
 from gemma_workloads.input_files import COPY_AGAIN, InputError, read_json
@@ -21,7 +23,11 @@ REQUIRED_FIELDS: dict[str, type] = {
     "num_attention_heads": int, "head_dim": int, "num_key_value_heads": int, "layer_types": list,
 }  # fmt: skip
 LAYER_TYPES = ("sliding_attention", "full_attention")
+# The text decoder's keys, released (`model.language_model.`) or text-only (`model.`) layout.
+_EMBED = re.compile(r"model\.(?:language_model\.)?embed_tokens\.weight")
+_LAYER = re.compile(r"model\.(?:language_model\.)?layers\.(\d+)\..+")
 CHAT_TEMPLATE = "chat_template.jinja"
+DIFFERENT_MODELS = "the weights and config.json are of different models"
 
 
 def check_model_folder(path: str, *, chat: bool = False) -> BaseCheckpoint:
@@ -33,8 +39,9 @@ def check_model_folder(path: str, *, chat: bool = False) -> BaseCheckpoint:
     if not root.is_dir():
         raise InputError(f"{path} is a file: the model path must be the model's folder "
                          "(config.json, *.safetensors, tokenizer.json)")  # fmt: skip
-    check_config(root)
+    text = check_config(root)
     weights = open_checkpoint(path)
+    check_weights(weights, text, root / "config.json")
     check_tokenizer(root, chat=chat)
     return weights
 
@@ -67,6 +74,27 @@ def check_config(root: epath.Path) -> dict:
         raise InputError(f"{path}: field {prefix}layer_types has {len(layers)} entries for "
                          f"num_hidden_layers {text['num_hidden_layers']}")  # fmt: skip
     return text
+
+
+def check_weights(weights: BaseCheckpoint, text: dict, config_path: epath.Path) -> None:
+    """The shards hold the model config.json describes: its embedding's shape and every decoder
+    layer, no more (the loader would otherwise fail mid-load on a mismatched copy)."""
+    embed = next((t for t in weights.tensors if _EMBED.fullmatch(t.name)), None)
+    if embed is None:
+        raise InputError(f"{weights.path}: no tensor model.embed_tokens.weight (or model.language_model.embed_tokens"
+                         ".weight): not the weights of a Gemma 4 model")  # fmt: skip
+    expected = (text["vocab_size"], text["hidden_size"])
+    if embed.shape != expected:
+        raise InputError(f"{embed.file}: tensor {embed.name} is {list(embed.shape)}, but {config_path} gives "
+                         f"vocab_size x hidden_size {list(expected)}: {DIFFERENT_MODELS}")
+    layers = {int(m.group(1)) for t in weights.tensors if (m := _LAYER.fullmatch(t.name))}
+    n = text["num_hidden_layers"]
+    if missing := sorted(set(range(n)) - layers):
+        raise InputError(f"{weights.path}: no tensors for decoder layer(s) {missing[:8]} of the {n} in {config_path}: "
+                         f"the copy is incomplete, or {DIFFERENT_MODELS}")
+    if extra := sorted(i for i in layers if i >= n):
+        raise InputError(f"{weights.path}: tensors for decoder layer(s) {extra[:8]} beyond the {n} in {config_path}: "
+                         f"{DIFFERENT_MODELS}")
 
 
 def check_tokenizer(root: epath.Path, *, chat: bool) -> None:
