@@ -243,8 +243,8 @@ def invalid(config: DatasetConfig, skipped: list[str], number: int, problem: str
 
 
 def no_usable_examples(config: DatasetConfig, skipped: list[str]) -> DataError:
-    invalid = f" ({len(skipped)} invalid)" if skipped else ""
-    return DataError(f"dataset {config.path} has no usable examples{invalid}")
+    count = f" ({len(skipped)} invalid)" if skipped else ""
+    return DataError(f"dataset {config.path} has no usable examples{count}")
 
 
 def read_examples(config: DatasetConfig, codec: TextCodec) -> Examples:

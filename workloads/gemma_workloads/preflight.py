@@ -105,7 +105,8 @@ def check_checkpoint(config: MergeConfig) -> None:
     """The LoRA settings (lora.json unless the config gives them) and the step's array data."""
     root = epath.Path(config.checkpoint_dir)
     if not root.exists():
-        raise InputError(f"checkpoint directory {root} does not exist")
+        raise InputError(f"checkpoint directory {root} does not exist: checkpoint_dir must name the folder "
+                         "training wrote (<output_dir>/checkpoints)")
     if not root.is_dir():
         raise InputError(f"checkpoint_dir {root} is a file: it must be the folder of lora.json and the step folders")
     lora_checkpoint.resolve_lora(config.checkpoint_dir, config.lora)
