@@ -30,9 +30,8 @@ CHAT_TEMPLATE = "chat_template.jinja"
 DIFFERENT_MODELS = "the weights and config.json are of different models"
 
 
-def check_model_folder(path: str, *, chat: bool = False) -> BaseCheckpoint:
-    """Raise InputError (or CheckpointError) for the first broken part of the folder; `chat`: the
-    run needs a chat template. Returns the weights' table, read from the shards' headers."""
+def check_model_folder(path: str, *, chat: bool = False) -> None:
+    """Raise InputError for the first broken part of the folder; `chat`: the run needs a chat template."""
     root = epath.Path(path)
     if not root.exists():
         raise InputError(f"model folder {path} does not exist")
@@ -43,7 +42,6 @@ def check_model_folder(path: str, *, chat: bool = False) -> BaseCheckpoint:
     weights = open_checkpoint(path)
     check_weights(weights, text, root / "config.json")
     check_tokenizer(root, chat=chat)
-    return weights
 
 
 def check_config(root: epath.Path) -> dict:
