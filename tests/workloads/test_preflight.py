@@ -182,6 +182,9 @@ CASES: dict[str, tuple[str, Break, str]] = {
     "config.json with more layers than the shards hold": (
         "merge", lambda i: patch_json(i.model / "config.json", num_hidden_layers=3, layer_types=[LOCAL] * 3),
         r"no tensors for decoder layer\(s\) \[2\] of the 3 in \S+config\.json: the copy is incomplete"),
+    "a truncated generation_config.json": (
+        "train", lambda i: truncate(i.model / "generation_config.json", 0.5),
+        r"generation_config\.json: not valid JSON \(line \d+ column \d+: .*\): the file is truncated or damaged"),
     "a chat template that does not compile": (
         "train", lambda i: (i.model / "chat_template.jinja").write_text("{{ bos_token }}\n{% for m in messages %}\n"),
         r"chat_template\.jinja:\d+: chat template syntax error: Unexpected end of template"),

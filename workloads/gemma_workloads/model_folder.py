@@ -13,7 +13,7 @@ import re
 from etils import epath
 
 from gemma_workloads.input_files import COPY_AGAIN, InputError, read_json
-from gemma_workloads.safetensors_io import BaseCheckpoint, open_checkpoint
+from gemma_workloads.safetensors_io import INDEX, BaseCheckpoint, open_checkpoint
 
 # config.json's `model_type` of Gemma 4 (transformers' models/gemma4/configuration_gemma4.py).
 GEMMA4_MODEL_TYPES = ("gemma4", "gemma4_text")
@@ -27,6 +27,7 @@ LAYER_TYPES = ("sliding_attention", "full_attention")
 _EMBED = re.compile(r"model\.(?:language_model\.)?embed_tokens\.weight")
 _LAYER = re.compile(r"model\.(?:language_model\.)?layers\.(\d+)\..+")
 CHAT_TEMPLATE = "chat_template.jinja"
+READ = ("config.json", INDEX, "tokenizer_config.json")  # JSON files the checks below parse
 DIFFERENT_MODELS = "the weights and config.json are of different models"
 
 
@@ -42,6 +43,8 @@ def check_model_folder(path: str, *, chat: bool = False) -> None:
     weights = open_checkpoint(path)
     check_weights(weights, text, root / "config.json")
     check_tokenizer(root, chat=chat)
+    for other in sorted(set(root.glob("*.json")) - {root / n for n in (*READ, "tokenizer.json")}):
+        read_json(other)  # generation_config.json and the like: served with the model
 
 
 def check_config(root: epath.Path) -> dict:
