@@ -2,6 +2,8 @@
 
 import importlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,18 @@ def test_a_downloaded_model_is_checked_before_it_is_loaded(cached_repo, tmp_path
     assert error.startswith(f"{cached_repo}/model.safetensors: a Git LFS pointer file")
     assert error in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_repository_of_another_model_is_refused_before_its_weights_are_downloaded(cached_repo, tmp_path):
+    """Only the small files are fetched for the check: here the cache has no weights at all."""
+    for shard in cached_repo.glob("*.safetensors"):
+        shard.unlink()
+    (cached_repo / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    config = {"base_model_path": "hf://google/gemma-4-tiny", "checkpoint_dir": str(tmp_path / "ckpt"),
+              "output_dir": str(tmp_path / "out"), "termination_log": str(tmp_path / "termination-log")}  # fmt: skip
+    (tmp_path / "merge.json").write_text(json.dumps(config))
+    done = subprocess.run([sys.executable, "-m", "gemma_workloads.merge", "--config", str(tmp_path / "merge.json")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == EXIT_INVALID_INPUT, done.stderr
+    error = json.loads((tmp_path / "termination-log").read_text())["error"]
+    assert error.startswith(f"{cached_repo}/config.json: model_type 'llama' (architectures ['LlamaForCausalLM'])")

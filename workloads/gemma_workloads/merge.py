@@ -62,7 +62,7 @@ from gemma_workloads.shard_pipeline import (
     merge_blocks,
     write_shard_file,
 )
-from gemma_workloads.sources import ModelSourceError, resolve_model
+from gemma_workloads.sources import resolve_model
 
 _HEADER_METADATA = {"format": "pt"}  # transformers refuses safetensors without it
 
@@ -73,7 +73,7 @@ class MergeError(ValueError):
     """Inputs that cannot be merged as asked; the message names the tensor, file or setting."""
 
 
-INPUT_ERRORS = (MergeError, InputError, ModelSourceError, merge_output.OutputError, lora_mapping.LoraMappingError)
+INPUT_ERRORS = (MergeError, InputError, merge_output.OutputError, lora_mapping.LoraMappingError)
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,9 @@ READ = ("config.json", INDEX, "tokenizer_config.json")  # JSON files the checks 
 DIFFERENT_MODELS = "the weights and config.json are of different models"
 
 
-def check_model_folder(path: str, *, chat: bool = False) -> None:
-    """Raise InputError for the first broken part of the folder; `chat`: the run needs a chat template."""
+def check_model_folder(path: str, *, chat: bool = False, weights: bool = True) -> None:
+    """Raise InputError for the first broken part of the folder; `chat`: the run needs a chat
+    template; not `weights`: the shards are not there yet (a download to come), only the index is read."""
     root = epath.Path(path)
     if not root.exists():
         raise InputError(f"model folder {path} does not exist")
@@ -40,8 +41,10 @@ def check_model_folder(path: str, *, chat: bool = False) -> None:
         raise InputError(f"{path} is a file: the model path must be the model's folder "
                          "(config.json, *.safetensors, tokenizer.json)")  # fmt: skip
     text = check_config(root)
-    weights = open_checkpoint(path)
-    check_weights(weights, text, root / "config.json")
+    if weights:
+        check_weights(open_checkpoint(path), text, root / "config.json")
+    elif (root / INDEX).exists():
+        read_json(root / INDEX)
     check_tokenizer(root, chat=chat)
     for other in sorted(set(root.glob("*.json")) - {root / n for n in (*READ, "tokenizer.json")}):
         read_json(other)  # generation_config.json and the like: served with the model

@@ -5,8 +5,9 @@
 a 31B model: the config file, the model folder (`model_folder`), each dataset line, the LoRA
 checkpoint and the output location. A failure exits 2 with one message, in the termination log
 too, naming the file and where it applies the line, field, shard or tensor, and the fix;
-nothing is written. A model named `hf://` is checked once downloaded (`sources.py`); a gs://
-folder is checked in place, reading only its small files and the shards' headers.
+nothing is written. A gs:// folder is checked in place, reading only its small files and the
+shards' headers; of an `hf://` repository the small files are fetched and checked before the
+weights are downloaded, and the rest once they are (`sources.py`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from gemma_workloads.config import (
     write_termination_message,
 )
 from gemma_workloads.input_files import InputError
-from gemma_workloads.sources import HF_PREFIX
+from gemma_workloads.sources import HF_PREFIX, SMALL_FILES, resolve_model
 
 Config = TypeVar("Config", TrainConfig, MergeConfig)
 
@@ -59,8 +60,7 @@ def validation_message(error: pydantic.ValidationError) -> str:
 
 def check_train(config: TrainConfig) -> None:
     """The base model, every dataset line, and what the output folder already holds."""
-    if not config.model_path.startswith(HF_PREFIX):
-        model_folder.check_model_folder(config.model_path, chat=config.dataset.format == "chat")
+    check_model(config.model_path, chat=config.dataset.format == "chat")
     check_dataset(config.dataset)
     if "://" not in config.output_dir and Path(config.output_dir).is_file():
         raise InputError(f"output_dir {config.output_dir} is a file: it must be a folder (or not exist yet)")
@@ -80,9 +80,17 @@ def check_dataset(dataset: DatasetConfig) -> None:
 def check_merge(config: MergeConfig) -> None:
     """The output location, the base model, and the checkpoint step to merge."""
     check_merge_output(config)
-    if not config.base_model_path.startswith(HF_PREFIX):
-        model_folder.check_model_folder(config.base_model_path)
+    check_model(config.base_model_path)
     check_checkpoint(config)
+
+
+def check_model(path: str, *, chat: bool = False) -> None:
+    """A local or gs:// model folder; of an hf:// repository, what can be checked before its weights
+    are downloaded (config, index, tokenizer: fetched into the cache the download then completes)."""
+    if path.startswith(HF_PREFIX):
+        model_folder.check_model_folder(resolve_model(path, SMALL_FILES), chat=chat, weights=False)
+    else:
+        model_folder.check_model_folder(path, chat=chat)
 
 
 def check_merge_output(config: MergeConfig) -> None:

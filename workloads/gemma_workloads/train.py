@@ -49,7 +49,7 @@ from gemma_workloads.model import load_model, read_hf_config, set_remat
 from gemma_workloads.model_folder import check_model_folder
 from gemma_workloads.preemption import Preempted, Preemption
 from gemma_workloads.progress import ProgressReporter
-from gemma_workloads.sources import ModelSourceError, resolve_model
+from gemma_workloads.sources import resolve_model
 
 log = logging.getLogger("gemma_workloads.train")
 
@@ -58,7 +58,7 @@ class ConfigError(ValueError):
     """The config is valid on its own but not for this data or checkpoint directory."""
 
 
-BAD_INPUT = (ConfigError, InputError, checkpoints.CheckpointMismatch, ModelSourceError, pydantic.ValidationError)
+BAD_INPUT = (ConfigError, InputError, checkpoints.CheckpointMismatch, pydantic.ValidationError)
 
 
 @dataclass
