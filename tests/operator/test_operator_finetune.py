@@ -2,8 +2,12 @@
 
 import asyncio
 import json
+import subprocess
+import sys
 
 from gemma_operator.children import merge, training
+from gemma_workloads import tiny
+from gemma_workloads.config import MergeConfig
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
 from tests.support.builders import finetune
@@ -238,3 +242,27 @@ async def test_a_queue_suspending_the_job_is_not_overridden(operator, cluster):
 async def _message_has(cluster, name, text):
     ft = await cluster.get("GemmaFineTune", NS, name)
     return ft if text in (ft.get("status") or {}).get("message", "") else None
+
+
+async def test_a_merge_refusing_its_base_shows_the_workloads_own_message(operator, cluster, tmp_path):
+    """The message is the merge workload's real one, for a base model copied without config.json."""
+    base = tiny.write_checkpoint(tmp_path / "base", shards=1).path
+    (base / "config.json").unlink()
+    config = MergeConfig(base_model_path=str(base), checkpoint_dir=str(tmp_path / "ckpt"),
+                         output_dir=str(tmp_path / "out"), termination_log=str(tmp_path / "termination-log"))
+    (tmp_path / "merge.json").write_text(config.dumps())
+    done = subprocess.run([sys.executable, "-m", "gemma_workloads.merge", "--config", str(tmp_path / "merge.json")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    message = (tmp_path / "termination-log").read_text()
+
+    b = finetune("bad-base").tpu("v5p")
+    _, train_name, merge_name = names(b)
+    await training_started(cluster, b)
+    await cluster.job_succeeded(NS, train_name, {"status": "succeeded", "step": 10, "total_steps": 10})
+    await cluster.job(NS, merge_name)
+    await cluster.pod_failed(NS, merge_name, 2, message, container="merge")
+    await cluster.job_failed(NS, merge_name, "PodFailurePolicy", "Container merge failed with exit code 2")
+    ft = await cluster.phase("GemmaFineTune", NS, "bad-base", "Failed")
+    assert ft["status"]["message"] == f"exit code 2: {base}/config.json is missing: the model folder must hold the " \
+                                      "model's config.json; copy it again from the model's source"

@@ -80,11 +80,15 @@ def test_missing_dataset_file_is_named(tmp_path, codec):
 
 
 def test_skip_invalid_counts_what_it_skips(tmp_path, codec):
+    """A byte that is not UTF-8 spoils its line only, so it is skipped like any other bad line."""
     good = {"text": "Q: x\nA: y"}
     path = write_lines(tmp_path / "d.jsonl", [good, "{oops", good, {"txt": "z"}])
+    with open(path, "ab") as f:
+        f.write(b'{"text": "caf\xe9"}\n')
     out = read_examples(DatasetConfig(path=path, format="text", skip_invalid=True), codec)
     assert len(out.items) == 2
-    assert [s.split(": ")[0] for s in out.skipped] == [f"{path}:2", f"{path}:4"]
+    assert [s.split(": ")[0] for s in out.skipped] == [f"{path}:2", f"{path}:4", f"{path}:5"]
+    assert out.skipped[2].endswith("byte 0xe9 at column 14 is not UTF-8 (save the file as UTF-8)")
 
 
 def test_chat_needs_a_template(tmp_path, tiny_sharded):

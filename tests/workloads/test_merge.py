@@ -3,7 +3,6 @@ safe to kill, re-run and point at bad inputs."""
 
 import hashlib
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -201,32 +200,6 @@ def test_output_inside_an_input_is_refused(tiny_sharded, lora_run, tmp_path):
 @pytest.fixture
 def base_copy(tiny_sharded, tmp_path) -> Path:
     return Path(shutil.copytree(tiny_sharded.path, tmp_path / "base"))
-
-
-def test_truncated_shard_is_named(base_copy, lora_run, tmp_path):
-    shard = base_copy / "model-00002-of-00003.safetensors"
-    os.truncate(shard, shard.stat().st_size - 100)
-    code, result = run_merge(tmp_path, base_model_path=str(base_copy), checkpoint_dir=str(lora_run[0]),
-                             output_dir=str(tmp_path / "out"))  # fmt: skip
-    assert code == EXIT_INVALID_INPUT
-    assert "model-00002-of-00003.safetensors: tensor model." in result["error"] and "truncated" in result["error"]
-
-
-def test_corrupted_header_is_named(base_copy, lora_run, tmp_path):
-    shard = base_copy / "model-00001-of-00003.safetensors"
-    with shard.open("r+b") as f:
-        f.seek(8)
-        f.write(b"\x00garbage")
-    code, result = run_merge(tmp_path, base_model_path=str(base_copy), checkpoint_dir=str(lora_run[0]),
-                             output_dir=str(tmp_path / "out"))  # fmt: skip
-    assert code == EXIT_INVALID_INPUT and "model-00001-of-00003.safetensors: unreadable safetensors header" in result["error"]
-
-
-def test_missing_shard_is_named(base_copy, lora_run, tmp_path):
-    (base_copy / "model-00003-of-00003.safetensors").unlink()
-    code, result = run_merge(tmp_path, base_model_path=str(base_copy), checkpoint_dir=str(lora_run[0]),
-                             output_dir=str(tmp_path / "out"))  # fmt: skip
-    assert code == EXIT_INVALID_INPUT and "shard model-00003-of-00003.safetensors is missing" in result["error"]
 
 
 def test_lora_target_missing_from_the_base_is_named(base_copy, lora_run, tmp_path):

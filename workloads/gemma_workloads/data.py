@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,13 +19,14 @@ import numpy as np
 from etils import epath
 
 from gemma_workloads.config import DatasetConfig
+from gemma_workloads.input_files import InputError
 
 log = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant")
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """The dataset (or the tokenizer files it needs) cannot be used; the message says where."""
 
 
@@ -129,7 +131,7 @@ class TextCodec:
         if self.chat_template is None:
             raise DataError("the chat format needs a chat template: the checkpoint has no chat_template.jinja "
                             "and no chat_template in tokenizer_config.json")
-        return _compiled(self.chat_template).render(
+        return compiled_template(self.chat_template).render(
             messages=messages, add_generation_prompt=generation_prompt, **self.special
         )
 
@@ -137,7 +139,7 @@ class TextCodec:
 _TEMPLATES: dict[str, Any] = {}
 
 
-def _compiled(source: str):
+def compiled_template(source: str):
     if source not in _TEMPLATES:
         from jinja2.exceptions import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -180,53 +182,84 @@ def _messages(row: dict) -> list[dict]:
     return messages
 
 
-# format -> (required fields, encoder)
+# format -> (required fields, check of their values, encoder)
 FORMATS = {
-    "chat": (("messages",), lambda codec, row: codec.chat(_messages(row))),
+    "chat": (("messages",), _messages, lambda codec, row: codec.chat(row["messages"])),
     "prompt-completion": (
         ("prompt", "completion"),
-        lambda codec, row: codec.prompt_completion(_string(row, "prompt", empty_ok=True), _string(row, "completion")),
+        lambda row: (_string(row, "prompt", empty_ok=True), _string(row, "completion")),
+        lambda codec, row: codec.prompt_completion(row["prompt"], row["completion"]),
     ),
-    "text": (("text",), lambda codec, row: codec.text(_string(row, "text"))),
+    "text": (("text",), lambda row: _string(row, "text"), lambda codec, row: codec.text(row["text"])),
 }
 
 
-def _encode_line(line: str, fmt: str, codec: TextCodec) -> Example:
+def parse_line(line: str, fmt: str) -> dict:
+    """One JSONL line as a row of `fmt`: a JSON object with the format's fields, of the right types."""
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"invalid JSON ({e})") from None
     if not isinstance(row, dict):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
-    fields, encode = FORMATS[fmt]
+    fields, check, _ = FORMATS[fmt]
     missing = [f for f in fields if f not in row]
     if missing:
         raise ValueError(f"format {fmt!r} needs field(s) {list(fields)}; missing {missing}, found {sorted(row)}")
-    return encode(codec, row)
+    check(row)
+    return row
+
+
+def rows(config: DatasetConfig, skipped: list[str]) -> Iterator[tuple[int, dict]]:
+    """(line number, row) of each usable line. Lines are decoded one at a time, so a byte that is
+    not UTF-8 is one bad line (file:line), which `skip_invalid` skips like any other: a bad line
+    raises DataError, or with `skip_invalid` is added to `skipped`."""
+    path = epath.Path(config.path)
+    if path.is_dir():
+        raise DataError(f"dataset {config.path} is a folder: dataset.path must name the JSONL file")
+    try:
+        f = path.open("rb")
+    except FileNotFoundError:
+        raise DataError(f"dataset {config.path} not found") from None
+    with f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+                if line.strip():
+                    yield number, parse_line(line, config.format)
+            except UnicodeDecodeError as e:
+                invalid(config, skipped, number, f"byte 0x{raw[e.start]:02x} at column {e.start + 1} is not UTF-8 "
+                                                 "(save the file as UTF-8)")  # fmt: skip
+            except ValueError as e:
+                invalid(config, skipped, number, str(e))
+
+
+def invalid(config: DatasetConfig, skipped: list[str], number: int, problem: str) -> None:
+    """A bad line: fatal, or counted with `skip_invalid`."""
+    problem = f"{config.path}:{number}: {problem}"
+    if not config.skip_invalid:
+        raise DataError(problem)
+    skipped.append(problem)
+
+
+def no_usable_examples(config: DatasetConfig, skipped: list[str]) -> DataError:
+    count = f" ({len(skipped)} invalid)" if skipped else ""
+    return DataError(f"dataset {config.path} has no usable examples{count}")
 
 
 def read_examples(config: DatasetConfig, codec: TextCodec) -> Examples:
     """Every line of the JSONL file, tokenised; raise DataError on the first bad one."""
-    path = epath.Path(config.path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise DataError(f"dataset {config.path} not found") from None
     out = Examples([])
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    encode = FORMATS[config.format][2]
+    for number, row in rows(config, out.skipped):
         try:
-            out.items.append(_encode_line(line, config.format, codec))
+            out.items.append(encode(codec, row))
         except DataError:
             raise
         except Exception as e:  # noqa: BLE001 (a template may raise anything; the line is what matters)
-            problem = f"{config.path}:{number}: {e}"
-            if not config.skip_invalid:
-                raise DataError(problem) from None
-            out.skipped.append(problem)
+            invalid(config, out.skipped, number, str(e))
     if not out.items:
-        raise DataError(f"dataset {config.path} has no usable examples" + (f" ({len(out.skipped)} invalid)" if out.skipped else ""))
+        raise no_usable_examples(config, out.skipped)
     if out.skipped:
         log.warning("skipped %d invalid line(s) of %s (skip_invalid): %s", len(out.skipped), config.path,
                     "; ".join(out.skipped[:5]) + (" ..." if len(out.skipped) > 5 else ""))

@@ -4,7 +4,8 @@ Training writes Orbax checkpoints through Tunix's checkpoint manager: one folder
 `checkpoint_dir`, holding the items `model_params` (the LoRA parameters only) and
 `optimizer_state`, plus `lora.json` (rank, alpha, targets) beside the steps. The merge restores
 `model_params` alone, as host numpy arrays: the arrays' saved shardings name TPU devices a CPU
-node does not have, and the base model is never needed to give the tree its structure.
+node does not have, and the base model is never needed to give the tree its structure. JAX and
+Orbax are imported where arrays are read, so the pre-flight check can use the rest before them.
 """
 
 from __future__ import annotations
@@ -12,20 +13,27 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
-import numpy as np
-import orbax.checkpoint as ocp
+import pydantic
 from etils import epath
 
 from gemma_workloads.config import LORA_METADATA, LoraConfig, LoraMetadata
+from gemma_workloads.input_files import InputError, read_json
+
+if TYPE_CHECKING:
+    import orbax.checkpoint as ocp
 
 ITEM = "model_params"
 STEP_METADATA = "_CHECKPOINT_METADATA"  # Orbax writes its commit timestamp when the step is final
+# Orbax's OCDBT layout of an item (orbax/checkpoint/_src/serialization/ocdbt_utils.py): each
+# process writes `ocdbt.process_<i>/` (manifest.ocdbt + d/, the array data); the item's own
+# manifest.ocdbt and d/ merge them. `_METADATA` is the tree's structure.
+OCDBT_MANIFEST, OCDBT_DATA, OCDBT_PROCESS = "manifest.ocdbt", "d", "ocdbt.process_"
+COPY_STEP = "copy the whole step folder again"
 
 
-class LoraCheckpointError(ValueError):
+class LoraCheckpointError(InputError):
     """No usable LoRA checkpoint; the message says what is missing where."""
 
 
@@ -39,6 +47,8 @@ class LoraCheckpoint:
 
 
 def _manager(checkpoint_dir: str) -> ocp.CheckpointManager:
+    import orbax.checkpoint as ocp
+
     logging.getLogger("absl").setLevel(logging.ERROR)  # read-only mode warns about itself
     return ocp.CheckpointManager(
         checkpoint_dir,
@@ -52,17 +62,40 @@ def complete_steps(checkpoint_dir: str) -> dict[int, str]:
     whose `model_params` exist, with that Orbax metadata: a folder copied in part, or from an
     aborted save, is skipped."""
     root = epath.Path(checkpoint_dir)
-    steps = {}
-    for step in _manager(checkpoint_dir).all_steps():
-        folder = root / str(step)
-        try:
-            metadata = (folder / STEP_METADATA).read_text()
-            committed = "commit_timestamp_nsecs" in json.loads(metadata)
-        except (OSError, ValueError):
-            committed = False
-        if committed and (folder / ITEM).exists():
-            steps[step] = metadata
-    return dict(sorted(steps.items()))
+    steps = {step: committed(root / str(step)) for step in _manager(checkpoint_dir).all_steps()}
+    return {step: metadata for step, metadata in sorted(steps.items()) if metadata}
+
+
+def committed(folder: epath.Path) -> str | None:
+    """The Orbax metadata of a step folder whose save was committed and holds `model_params`."""
+    try:
+        metadata = (folder / STEP_METADATA).read_text()
+        done = "commit_timestamp_nsecs" in json.loads(metadata)
+    except (OSError, ValueError):
+        return None
+    return metadata if done and (folder / ITEM).exists() else None
+
+
+def check_array_data(folder: epath.Path) -> None:
+    """The step's `model_params` has its tree structure and every OCDBT data folder, non-empty:
+    a step copied without its arrays is named here rather than failing mid-restore."""
+    item = folder / ITEM
+    read_json(item / "_METADATA", fix=COPY_STEP, error=LoraCheckpointError)
+    if not (item / OCDBT_MANIFEST).exists():
+        return  # not the OCDBT layout: Orbax reads each array's own folder
+    processes = list(item.glob(f"{OCDBT_PROCESS}*"))
+    if not processes:
+        raise LoraCheckpointError(f"{item}: no array data (no {OCDBT_PROCESS}*/ folder): {COPY_STEP}")
+    for part in processes:
+        if not (part / OCDBT_MANIFEST).exists():
+            raise LoraCheckpointError(f"{part / OCDBT_MANIFEST} is missing: {COPY_STEP}")
+    data_folders = [p / OCDBT_DATA for p in processes]
+    if (item / OCDBT_DATA).exists():
+        data_folders.append(item / OCDBT_DATA)
+    for data in data_folders:
+        files = list(data.iterdir()) if data.exists() else []
+        if not files or any(f.stat().length == 0 for f in files):
+            raise LoraCheckpointError(f"{data}: array data missing or empty: {COPY_STEP}")
 
 
 def resolve_lora(checkpoint_dir: str, override: LoraConfig | None) -> LoraConfig:
@@ -72,8 +105,17 @@ def resolve_lora(checkpoint_dir: str, override: LoraConfig | None) -> LoraConfig
     path = epath.Path(checkpoint_dir) / LORA_METADATA
     if not path.exists():
         raise LoraCheckpointError(f"{path} not found: set lora (rank, alpha, target_modules) in the merge config")
-    meta = LoraMetadata.model_validate_json(path.read_text())
+    meta = read_lora_metadata(path, "set lora (rank, alpha, target_modules) in the merge config instead")
     return LoraConfig(rank=meta.rank, alpha=meta.alpha, target_modules=meta.target_modules)
+
+
+def read_lora_metadata(path: epath.Path, fix: str) -> LoraMetadata:
+    """`lora.json`, or an error naming it and its broken field."""
+    try:
+        return LoraMetadata.model_validate(read_json(path, fix=fix, error=LoraCheckpointError))
+    except pydantic.ValidationError as e:
+        fields = "; ".join(f"field {'.'.join(map(str, x['loc'])) or '(top level)'}: {x['msg']}" for x in e.errors())
+        raise LoraCheckpointError(f"{path}: {fields}; {fix}") from None
 
 
 def locate(checkpoint_dir: str, step: int | None, override: LoraConfig | None) -> LoraCheckpoint:
@@ -93,6 +135,10 @@ def locate(checkpoint_dir: str, step: int | None, override: LoraConfig | None) -
 
 def restore_params(ckpt: LoraCheckpoint) -> dict[str, Any]:
     """`model_params` of the step as a nested dict of numpy arrays, as saved."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
     manager = _manager(ckpt.checkpoint_dir)
     metadata = manager.item_metadata(ckpt.step)[ITEM]
     as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata.tree)

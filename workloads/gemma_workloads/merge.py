@@ -5,10 +5,18 @@ streams them (`shard_pipeline`): a block of rows at a time, so memory holds the 
 a fixed number of blocks whatever the model's size, and tensors without LoRA go through as raw
 bytes. The output folder is built aside and published whole (`merge_output`): a killed merge
 resumes with the shards it had not finished, and an output already holding a merge of the same
-inputs is left as it is. Nothing is ever written to the base model or the checkpoints.
+inputs is left as it is. Nothing is ever written to the base model or the checkpoints. Every
+input is checked first (preflight.py; as a program, before JAX is imported).
 """
 
 from __future__ import annotations
+
+import sys
+
+if __name__ == "__main__":  # a broken input is refused in a second, before the imports below load JAX
+    from gemma_workloads.preflight import refuse_broken_inputs
+
+    refuse_broken_inputs("merge", sys.argv[1:])
 
 import argparse
 import functools
@@ -16,7 +24,6 @@ import hashlib
 import json
 import logging
 import math
-import sys
 import time
 import traceback
 from collections.abc import Iterator
@@ -24,10 +31,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import ValidationError
 from threadpoolctl import threadpool_limits
 
-from gemma_workloads import lora_checkpoint, lora_mapping, merge_output
+from gemma_workloads import lora_checkpoint, lora_mapping, merge_output, preflight
 from gemma_workloads.config import (
     EXIT_FAILED,
     EXIT_INVALID_INPUT,
@@ -39,12 +45,13 @@ from gemma_workloads.config import (
     MergeResult,
     write_termination_message,
 )
+from gemma_workloads.input_files import InputError
+from gemma_workloads.model_folder import check_model_folder
 from gemma_workloads.safetensors_io import (
     DTYPE_NAMES,
     FLOAT_DTYPES,
     ITEMSIZE,
     BaseCheckpoint,
-    CheckpointError,
     TensorInfo,
     header_bytes,
     open_checkpoint,
@@ -56,7 +63,7 @@ from gemma_workloads.shard_pipeline import (
     merge_blocks,
     write_shard_file,
 )
-from gemma_workloads.sources import ModelSourceError, resolve_model
+from gemma_workloads.sources import resolve_model
 
 _HEADER_METADATA = {"format": "pt"}  # transformers refuses safetensors without it
 
@@ -67,14 +74,7 @@ class MergeError(ValueError):
     """Inputs that cannot be merged as asked; the message names the tensor, file or setting."""
 
 
-INPUT_ERRORS = (
-    MergeError,
-    ModelSourceError,
-    CheckpointError,
-    merge_output.OutputError,
-    lora_mapping.LoraMappingError,
-    lora_checkpoint.LoraCheckpointError,
-)
+INPUT_ERRORS = (MergeError, InputError, merge_output.OutputError, lora_mapping.LoraMappingError)
 
 
 @dataclass(frozen=True)
@@ -195,10 +195,13 @@ def write_shard(staging: Path, shard: OutShard, pipeline: Pipeline) -> dict:
 def merge(config: MergeConfig) -> MergeResult:
     """Merge as configured; the result is what the termination message carries."""
     started = time.monotonic()
-    config = config.model_copy(update={"base_model_path": resolve_model(config.base_model_path)})
+    preflight.check_merge_output(config)
+    source = config.base_model_path
+    config = config.model_copy(update={"base_model_path": resolve_model(source)})
     output = Path(config.output_dir).absolute()
     staging = merge_output.staging_dir(output)
-    _check_paths(config, output)
+    if config.base_model_path != source:  # downloaded (hf://): checked now that it is here
+        check_model_folder(config.base_model_path)
     base = open_checkpoint(config.base_model_path)
     ckpt = lora_checkpoint.locate(config.checkpoint_dir, config.step, config.lora)
     inputs = fingerprint(config, base, ckpt)
@@ -253,18 +256,8 @@ def _result(output: Path, manifest: dict, written: int, started: float) -> Merge
                        bytes_written=written, seconds=round(time.monotonic() - started, 3))  # fmt: skip
 
 
-def _check_paths(config: MergeConfig, output: Path) -> None:
-    if "://" in config.output_dir:
-        raise MergeError(f"output_dir {config.output_dir}: must be a local path (mount a bucket with Cloud Storage FUSE)")
-    for name in ("base_model_path", "checkpoint_dir"):
-        source = getattr(config, name)
-        if "://" not in source:
-            src = Path(source).absolute()
-            if output == src or src in output.parents or output in src.parents:
-                raise MergeError(f"output_dir {output} overlaps {name} {src}: the merge never writes into its inputs")
-
-
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, checked: bool = False) -> int:
+    """The program; `checked`: `refuse_broken_inputs` already checked the inputs."""
     parser = argparse.ArgumentParser(description="Merge a LoRA checkpoint into Hugging Face safetensors.")
     parser.add_argument("--config", required=True, help="MergeConfig file (JSON or YAML)")
     args = parser.parse_args(argv)
@@ -273,10 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     log.setLevel(logging.INFO)
     log.propagate = False
     try:
-        config = MergeConfig.load(args.config)
-    except (OSError, ValidationError, ValueError) as e:
-        return _fail(f"config {args.config}: {e}", EXIT_INVALID_INPUT, TERMINATION_LOG)
+        config = preflight.load_config(MergeConfig, args.config)
+    except InputError as e:
+        return _fail(str(e), EXIT_INVALID_INPUT, TERMINATION_LOG)
     try:
+        if not checked:
+            preflight.check_merge(config)
         result = merge(config)
     except INPUT_ERRORS as e:
         return _fail(str(e), EXIT_INVALID_INPUT, config.termination_log)
@@ -289,11 +284,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(error: str, code: int, termination_log: str) -> int:
-    result = MergeResult(status="failed", error=error)
-    write_termination_message(result, termination_log)
-    print(result.model_dump_json(exclude_none=True), file=sys.stderr, flush=True)
+    preflight.report(MergeResult(status="failed", error=error), termination_log)
     return code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(checked=True))

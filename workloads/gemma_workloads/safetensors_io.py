@@ -22,6 +22,8 @@ import ml_dtypes
 import numpy as np
 from etils import epath
 
+from gemma_workloads.input_files import COPY_AGAIN, InputError, read_json
+
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
@@ -36,7 +38,12 @@ FLOAT_DTYPES = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16), "BF16"
 DTYPE_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 
 
-class CheckpointError(ValueError):
+# The first line of a Git LFS pointer file (git-lfs, docs/spec.md): what a clone without
+# `git lfs` leaves in place of each weight file.
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
+class CheckpointError(InputError):
     """A base checkpoint that cannot be read as it claims to be; the message names the file and tensor."""
 
 
@@ -56,35 +63,54 @@ def read_header(path: str) -> list[TensorInfo]:
     """A shard's tensors in file order, checked against the file's size (truncation, overlaps)."""
     p = epath.Path(path)
     with p.open("rb") as f:
-        raw = f.read(8)
-        if len(raw) < 8:
-            raise CheckpointError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
-        (n,) = struct.unpack("<Q", raw)
         size = _size(f)
+        raw = f.read(len(LFS_POINTER))
+        if raw.startswith(LFS_POINTER):
+            raise CheckpointError(f"{path}: a Git LFS pointer file ({size} bytes), not the weights: fetch them "
+                                  "(`git lfs pull` in the clone, or `huggingface-cli download`)")
+        if len(raw) < 8:
+            raise CheckpointError(f"{path}: not a safetensors file (shorter than its 8-byte header length); "
+                                  f"{COPY_AGAIN}")  # fmt: skip
+        (n,) = struct.unpack("<Q", raw[:8])
         if n > size - 8:
-            raise CheckpointError(f"{path}: header of {n} bytes is longer than the file ({size} bytes): truncated or not safetensors")
+            raise CheckpointError(f"{path}: header of {n} bytes is longer than the file ({size} bytes): "
+                                  f"truncated or not safetensors; {COPY_AGAIN}")
+        f.seek(8)
         try:
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"{path}: unreadable safetensors header ({e})") from None
+            raise CheckpointError(f"{path}: unreadable safetensors header ({e}); {COPY_AGAIN}") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: the safetensors header is not a JSON object; {COPY_AGAIN}")
     header.pop("__metadata__", None)
     data_start, tensors = 8 + n, []
     for name, entry in header.items():
-        dtype, shape, (start, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
-        if dtype not in ITEMSIZE:
-            raise CheckpointError(f"{path}: tensor {name}: unknown dtype {dtype}")
+        dtype, shape, (start, end) = _entry(path, name, entry)
         if end - start != math.prod(shape) * ITEMSIZE[dtype]:
             raise CheckpointError(f"{path}: tensor {name}: {end - start} bytes do not hold {dtype}{list(shape)}")
         if data_start + end > size:
-            raise CheckpointError(
-                f"{path}: tensor {name} ends at byte {data_start + end} but the file has {size}: the shard is truncated"
-            )
+            raise CheckpointError(f"{path}: tensor {name} ends at byte {data_start + end} but the file has {size}: "
+                                  f"the shard is truncated; {COPY_AGAIN}")
         tensors.append(TensorInfo(name, dtype, shape, path, data_start + start, end - start))
     tensors.sort(key=lambda t: t.offset)
     for prev, cur in zip(tensors, tensors[1:]):
         if cur.offset < prev.offset + prev.nbytes:
             raise CheckpointError(f"{path}: tensors {prev.name} and {cur.name} overlap")
     return tensors
+
+
+def _entry(path: str, name: str, entry) -> tuple[str, tuple[int, ...], tuple[int, int]]:
+    """One header entry's dtype, shape and data offsets, each checked for its type."""
+    try:
+        dtype, shape, (start, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
+        if not all(isinstance(x, int) and x >= 0 for x in (*shape, start, end)) or start > end:
+            raise ValueError
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(f"{path}: tensor {name}: malformed header entry {json.dumps(entry)[:200]}; "
+                              f"{COPY_AGAIN}") from None
+    if dtype not in ITEMSIZE:
+        raise CheckpointError(f"{path}: tensor {name}: unknown dtype {dtype}")
+    return dtype, shape, (start, end)
 
 
 def _size(f: BinaryIO) -> int:
@@ -106,7 +132,10 @@ def open_checkpoint(path: str) -> BaseCheckpoint:
     """Sharded (index + files) or single `model.safetensors`; the index must match the shards."""
     root = epath.Path(path)
     if (root / INDEX).exists():
-        weight_map: dict[str, str] = json.loads((root / INDEX).read_text())["weight_map"]
+        weight_map = read_json(root / INDEX, error=CheckpointError)
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{root / INDEX}: no weight_map of tensor name -> shard file; {COPY_AGAIN}")
         files = sorted(set(weight_map.values()))
     elif (root / SINGLE).exists():
         weight_map, files = {}, [SINGLE]
@@ -116,7 +145,8 @@ def open_checkpoint(path: str) -> BaseCheckpoint:
     for name in files:
         if not (root / name).exists():
             needed = sorted(k for k, v in weight_map.items() if v == name)
-            raise CheckpointError(f"{path}: shard {name} is missing (it holds {needed[0]} and {len(needed) - 1} more)")
+            raise CheckpointError(f"{path}: shard {name}, named in {INDEX}, is missing (it holds {needed[0]} and "
+                                  f"{len(needed) - 1} more): copy the whole folder again")
         tensors += read_header(str(root / name))
     where = {}
     for t in tensors:

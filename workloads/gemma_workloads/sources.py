@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import os
 
+from gemma_workloads.input_files import InputError
+
 HF_PREFIX = "hf://"
 CHECKPOINT_FILES = ["*.safetensors", "*.json", "*.jinja", "tokenizer*"]
+SMALL_FILES = [p for p in CHECKPOINT_FILES if p != "*.safetensors"]  # what is checked before the weights come
 
 
-class ModelSourceError(ValueError):
+class ModelSourceError(InputError):
     """The model cannot be found or is not allowed: bad input, not worth a retry."""
 
 
-def resolve_model(path: str) -> str:
-    """A path the loaders read (local or gs://) for any model source."""
+def resolve_model(path: str, patterns: list[str] = CHECKPOINT_FILES) -> str:
+    """A path the loaders read (local or gs://) for any model source; of a repository, only the
+    files matching `patterns` are fetched."""
     if not path.startswith(HF_PREFIX):
         return path
     from huggingface_hub import snapshot_download
@@ -26,7 +30,7 @@ def resolve_model(path: str) -> str:
 
     repo = path.removeprefix(HF_PREFIX)
     try:
-        return snapshot_download(repo, allow_patterns=CHECKPOINT_FILES, token=os.environ.get("HF_TOKEN") or None)
+        return snapshot_download(repo, allow_patterns=patterns, token=os.environ.get("HF_TOKEN") or None)
     except GatedRepoError:
         raise ModelSourceError(f"{repo} is gated: accept its licence on Hugging Face and give a token "
                                "(spec.model.hfTokenSecretRef)") from None  # fmt: skip

@@ -2,30 +2,35 @@
 recipe (Tunix PeftTrainer, Qwix LoRA, AdamW with warmup and decay, fsdp x tp mesh, Orbax
 checkpoints), for any Gemma 4 checkpoint in Hugging Face format, local or on gs://.
 
-The run checks its config and every dataset line before touching a device, resumes from the
-latest complete checkpoint, reports progress on stdout, and ends with a `TrainResult` in the
-termination log and an exit code the operator acts on (config.py).
+The run checks every input before touching a device (preflight.py; as a program, before JAX is
+imported), resumes from the latest complete checkpoint, reports progress on stdout, and ends with
+a `TrainResult` in the termination log and an exit code the operator acts on (config.py).
 """
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # a broken input is refused in a second, before the imports below load JAX
+    from gemma_workloads.preflight import refuse_broken_inputs
+
+    refuse_broken_inputs("train", sys.argv[1:])
+
 import argparse
 import functools
 import logging
-import sys
 from dataclasses import dataclass
 
 import jax
 import numpy as np
 import optax
 import pydantic
-import yaml
 from flax import nnx
 from tunix.models.gemma4 import model as gemma4
 from tunix.sft import peft_trainer
 
 from gemma_workloads import batches as batching
-from gemma_workloads import checkpoints, lora, mesh, metrics
+from gemma_workloads import checkpoints, lora, mesh, metrics, preflight
 from gemma_workloads.config import (
     EXIT_FAILED,
     EXIT_INVALID_INPUT,
@@ -37,12 +42,14 @@ from gemma_workloads.config import (
     TrainResult,
     write_termination_message,
 )
-from gemma_workloads.data import DataError, TextCodec, read_examples
+from gemma_workloads.data import TextCodec, read_examples
 from gemma_workloads.feed import DataFeed
+from gemma_workloads.input_files import InputError
 from gemma_workloads.model import load_model, read_hf_config, set_remat
+from gemma_workloads.model_folder import check_model_folder
 from gemma_workloads.preemption import Preempted, Preemption
 from gemma_workloads.progress import ProgressReporter
-from gemma_workloads.sources import ModelSourceError, resolve_model
+from gemma_workloads.sources import resolve_model
 
 log = logging.getLogger("gemma_workloads.train")
 
@@ -51,7 +58,7 @@ class ConfigError(ValueError):
     """The config is valid on its own but not for this data or checkpoint directory."""
 
 
-BAD_INPUT = (ConfigError, DataError, checkpoints.CheckpointMismatch, ModelSourceError, pydantic.ValidationError)
+BAD_INPUT = (ConfigError, InputError, checkpoints.CheckpointMismatch, pydantic.ValidationError)
 
 
 @dataclass
@@ -226,13 +233,13 @@ def fit(trainer: Trainer, data: Data, config: TrainConfig, model_config: gemma4.
 
 def run(config: TrainConfig) -> Outcome:
     """Train (or resume) to the end, or until preempted."""
-    config = config.model_copy(update={"model_path": resolve_model(config.model_path)})
+    source = config.model_path
+    config = config.model_copy(update={"model_path": resolve_model(source)})
+    if config.model_path != source:  # downloaded (hf://): checked now that it is here
+        check_model_folder(config.model_path, chat=config.dataset.format == "chat")
     with Preemption(config.termination_grace_seconds, multi_host=config.num_hosts > 1) as preemption:
         mesh.initialize_distributed(config.num_hosts)
-        try:
-            hf_config = read_hf_config(config.model_path)
-        except FileNotFoundError:
-            raise ConfigError(f"model_path {config.model_path} has no config.json") from None
+        hf_config = read_hf_config(config.model_path)
         data = prepare_data(config)
         if jax.process_index() == 0:
             checkpoints.write_lora_metadata(config)
@@ -256,20 +263,21 @@ def run(config: TrainConfig) -> Outcome:
 
 
 def _describe(error: Exception) -> str:
-    if isinstance(error, pydantic.ValidationError):
-        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())
-    return str(error)
+    return preflight.validation_message(error) if isinstance(error, pydantic.ValidationError) else str(error)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, checked: bool = False) -> int:
+    """The program; `checked`: `refuse_broken_inputs` already checked the inputs."""
     parser = argparse.ArgumentParser(description="LoRA fine-tuning of Gemma 4 (Tunix + Qwix).")
     parser.add_argument("--config", required=True, help="TrainConfig file (JSON or YAML)")
     args = parser.parse_args(argv)
     try:
-        config = TrainConfig.load(args.config)
-    except (pydantic.ValidationError, OSError, ValueError, yaml.YAMLError) as e:
-        return _fail(f"config {args.config}: {_describe(e)}", EXIT_INVALID_INPUT, TERMINATION_LOG)
+        config = preflight.load_config(TrainConfig, args.config)
+    except InputError as e:
+        return _fail(str(e), EXIT_INVALID_INPUT, TERMINATION_LOG)
     try:
+        if not checked:
+            preflight.check_train(config)
         outcome = run(config)
     except BAD_INPUT as e:
         return _fail(_describe(e), EXIT_INVALID_INPUT, config.termination_log)
@@ -282,8 +290,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(message: str, code: int, termination_log: str) -> int:
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    write_termination_message(TrainResult(status="failed", error=message), termination_log)
+    preflight.report(TrainResult(status="failed", error=message), termination_log)
     return code
 
 
@@ -292,4 +299,4 @@ if __name__ == "__main__":
                         force=True)  # absl installs a root handler at import
     for noisy in ("absl", "jax", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    sys.exit(main())
+    sys.exit(main(checked=True))

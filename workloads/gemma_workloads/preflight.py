@@ -1,0 +1,161 @@
+"""Every input of a workload checked before the accelerator is touched.
+
+`python -m gemma_workloads.train|merge` runs these checks first, before JAX is even imported
+(`refuse_broken_inputs`), so a broken input costs a second rather than the staging and load of
+a 31B model: the config file, the model folder (`model_folder`), each dataset line, the LoRA
+checkpoint and the output location. A failure exits 2 with one message, in the termination log
+too, naming the file and where it applies the line, field, shard or tensor, and the fix;
+nothing is written. A gs:// folder is checked in place, reading only its small files and the
+shards' headers; of an `hf://` repository the small files are fetched and checked before the
+weights are downloaded, and the rest once they are (`sources.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TypeVar
+
+import pydantic
+import yaml
+from etils import epath
+
+from gemma_workloads import data, lora_checkpoint, model_folder
+from gemma_workloads.config import (
+    EXIT_INVALID_INPUT,
+    LORA_METADATA,
+    TERMINATION_LOG,
+    DatasetConfig,
+    MergeConfig,
+    MergeResult,
+    TrainConfig,
+    TrainResult,
+    write_termination_message,
+)
+from gemma_workloads.input_files import InputError
+from gemma_workloads.sources import HF_PREFIX, SMALL_FILES, resolve_model
+
+Config = TypeVar("Config", TrainConfig, MergeConfig)
+
+
+def load_config(cls: type[Config], path: str) -> Config:
+    """A workload config file (JSON or YAML), or InputError naming the file and the line or field."""
+    try:
+        return cls.load(path)
+    except pydantic.ValidationError as e:
+        raise InputError(f"config {path}: {validation_message(e)}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
+        problem = getattr(e, "problem", None) or e
+        raise InputError(f"config {path}: {where}neither JSON nor YAML ({problem})") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"config {path}: {e}") from None
+
+
+def validation_message(error: pydantic.ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())
+
+
+def check_train(config: TrainConfig) -> None:
+    """The base model, every dataset line, and what the output folder already holds."""
+    check_model(config.model_path, chat=config.dataset.format == "chat")
+    check_dataset(config.dataset)
+    if "://" not in config.output_dir and Path(config.output_dir).is_file():
+        raise InputError(f"output_dir {config.output_dir} is a file: it must be a folder (or not exist yet)")
+    metadata = epath.Path(config.checkpoint_dir) / LORA_METADATA
+    if metadata.exists():  # a run to resume: its adapter's settings must be readable
+        lora_checkpoint.read_lora_metadata(metadata, f"delete it only if {config.checkpoint_dir} holds no checkpoint "
+                                                     "you need, or use another output_dir")  # fmt: skip
+
+
+def check_dataset(dataset: DatasetConfig) -> None:
+    """Each line decoded, parsed and checked for its format's fields (tokenising comes later)."""
+    skipped: list[str] = []
+    if not sum(1 for _ in data.rows(dataset, skipped)):
+        raise data.no_usable_examples(dataset, skipped)
+
+
+def check_merge(config: MergeConfig) -> None:
+    """The output location, the base model, and the checkpoint step to merge."""
+    check_merge_output(config)
+    check_model(config.base_model_path)
+    check_checkpoint(config)
+
+
+def check_model(path: str, *, chat: bool = False) -> None:
+    """A local or gs:// model folder; of an hf:// repository, what can be checked before its weights
+    are downloaded (config, index, tokenizer: fetched into the cache the download then completes)."""
+    if path.startswith(HF_PREFIX):
+        model_folder.check_model_folder(resolve_model(path, SMALL_FILES), chat=chat, weights=False)
+    else:
+        model_folder.check_model_folder(path, chat=chat)
+
+
+def check_merge_output(config: MergeConfig) -> None:
+    """A local folder that overlaps no input: the merge never writes into what it reads."""
+    if "://" in config.output_dir:
+        raise InputError(f"output_dir {config.output_dir}: must be a local path "
+                         "(mount a bucket with Cloud Storage FUSE)")  # fmt: skip
+    output = Path(config.output_dir).absolute()
+    if output.is_file():
+        raise InputError(f"output_dir {output} is a file: it must be a folder (or not exist yet)")
+    for name in ("base_model_path", "checkpoint_dir"):
+        source = getattr(config, name)
+        if "://" not in source:
+            src = Path(source).absolute()
+            if output == src or src in output.parents or output in src.parents:
+                raise InputError(f"output_dir {output} overlaps {name} {src}: the merge never writes into its inputs")
+
+
+def check_checkpoint(config: MergeConfig) -> None:
+    """The LoRA settings (lora.json unless the config gives them) and the step's array data."""
+    root = epath.Path(config.checkpoint_dir)
+    if not root.exists():
+        raise InputError(f"checkpoint directory {root} does not exist: checkpoint_dir must name the folder "
+                         "training wrote (<output_dir>/checkpoints)")
+    if not root.is_dir():
+        raise InputError(f"checkpoint_dir {root} is a file: it must be the folder of lora.json and the step folders")
+    lora_checkpoint.resolve_lora(config.checkpoint_dir, config.lora)
+    if config.step is not None:
+        step = root / str(config.step)
+    else:  # the latest committed step, as the merge will pick it; none at all is reported there
+        steps = sorted((int(p.name), p) for p in root.iterdir() if p.name.isdigit() and lora_checkpoint.committed(p))
+        step = steps[-1][1] if steps else None
+    if step is not None and lora_checkpoint.committed(step):
+        lora_checkpoint.check_array_data(step)
+
+
+# ---------------------------------------------------------------------------- the entry points
+
+WORKLOADS = {"train": (TrainConfig, TrainResult, check_train), "merge": (MergeConfig, MergeResult, check_merge)}
+
+
+def refuse_broken_inputs(workload: str, argv: list[str]) -> None:
+    """Exit 2 if an input of `python -m gemma_workloads.<workload> --config FILE` is broken;
+    return if every check passes (the workload's own argument parser reports a bad command line)."""
+    config_type, result_type, check = WORKLOADS[workload]
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config")
+    path = parser.parse_known_args(argv)[0].config
+    if path is None:
+        return
+    termination_log = TERMINATION_LOG
+    try:
+        config = load_config(config_type, path)
+        termination_log = config.termination_log
+        check(config)
+    except InputError as e:
+        sys.exit(refuse(result_type(status="failed", error=str(e)), termination_log))
+
+
+def refuse(result: TrainResult | MergeResult, termination_log: str) -> int:
+    """Report a broken input where the operator and a person read it; the exit code for it."""
+    report(result, termination_log)
+    return EXIT_INVALID_INPUT
+
+
+def report(result: TrainResult | MergeResult, termination_log: str) -> None:
+    write_termination_message(result, termination_log)
+    print(f"error: {result.error}", file=sys.stderr, flush=True)
