@@ -49,12 +49,17 @@ class LoraCheckpoint:
 def _manager(checkpoint_dir: str) -> ocp.CheckpointManager:
     import orbax.checkpoint as ocp
 
-    logging.getLogger("absl").setLevel(logging.ERROR)  # read-only mode warns about itself
-    return ocp.CheckpointManager(
-        checkpoint_dir,
-        item_handlers={ITEM: ocp.PyTreeCheckpointHandler()},
-        options=ocp.CheckpointManagerOptions(read_only=True, lightweight_initialize=True),  # steps read on demand
-    )
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)  # read-only mode warns about itself; only here, not for the whole process
+    try:
+        return ocp.CheckpointManager(
+            checkpoint_dir,
+            item_handlers={ITEM: ocp.PyTreeCheckpointHandler()},
+            options=ocp.CheckpointManagerOptions(read_only=True, lightweight_initialize=True),  # steps read on demand
+        )
+    finally:
+        absl.setLevel(level)
 
 
 def complete_steps(checkpoint_dir: str) -> dict[int, str]:
