@@ -89,7 +89,8 @@ def test_a_template_that_grows_by_prefixes_gives_one_sequence_per_conversation(t
 
 @pytest.mark.parametrize("bos_in_tokenizer_json", [False, True])
 @pytest.mark.parametrize("prompt", ["Q: What is the capital of Peru?\nA:", "<bos>Q: Peru?\nA:"])
-def test_completion_prompts_are_tokenized_as_the_server_does(tmp_path, tiny_sharded, bos_in_tokenizer_json, prompt):
+def test_completion_prompts_are_tokenized_as_the_server_does(tmp_path, tiny_sharded, bos_in_tokenizer_json, prompt,
+                                                             caplog):
     """vLLM's /v1/completions encodes a prompt with transformers' tokenizer and add_special_tokens=True
     (vllm/entrypoints/openai/completion/protocol.py); transformers 5 takes <bos> from tokenizer.json's
     post-processor and ignores tokenizer_config.json's add_bos_token (tokenization_utils_base.py).
@@ -113,6 +114,8 @@ def test_completion_prompts_are_tokenized_as_the_server_does(tmp_path, tiny_shar
     assert pair.tokens[: len(served)].tolist() == served and not pair.loss_mask[: len(served)].any()
     assert text.tokens.tolist() == served + [tiny.EOS_ID]
     assert (served[0] == tiny.BOS_ID) == (bos_in_tokenizer_json or prompt.startswith("<bos>")), "must be able to fail"
+    warned = [r.getMessage() for r in caplog.records if "rows are trained without <bos>" in r.getMessage()]
+    assert len(warned) == (0 if served[0] == tiny.BOS_ID else 2), "one warning per dataset without <bos>"
 
 
 @pytest.mark.parametrize(

@@ -255,9 +255,10 @@ def read_examples(config: DatasetConfig, codec: TextCodec) -> Examples:
     if not out.items:
         raise DataError(f"dataset {config.path} has no usable examples" + (f" ({len(out.skipped)} invalid)" if out.skipped else ""))
     if config.format != "chat" and codec.bos_id is not None and any(e.tokens[0] != codec.bos_id for e in out.items):
-        log.warning("%s: rows are trained without %s, as vLLM's /v1/completions sends the same text (this tokenizer "
-                    "adds none); Gemma was pretrained with it first: start both the rows and the requests with it",
-                    config.path, codec.special["bos_token"])
+        bos = codec.special["bos_token"]
+        log.warning("%s: rows are trained without %s: this tokenizer adds none, nor does vLLM's /v1/completions to "
+                    "the same text; Gemma was pretrained with it first, so start both rows and requests with the "
+                    "text %s", config.path, bos, bos)
     if out.skipped:
         log.warning("skipped %d invalid line(s) of %s (skip_invalid): %s", len(out.skipped), config.path,
                     "; ".join(out.skipped[:5]) + (" ..." if len(out.skipped) > 5 else ""))
