@@ -71,15 +71,19 @@ def test_each_assistant_turn_is_trained_on_the_prompt_the_server_sends(tmp_path,
         "<|turn>user\nAnd Kenya?<turn|>\n<|turn>model\n<|channel>thought\n<channel|>Nairobi.<turn|>")
 
 
-def test_a_template_that_grows_by_prefixes_gives_one_sequence_per_conversation(tmp_path, tiny_sharded):
+def test_a_template_that_grows_by_prefixes_gives_one_sequence_per_conversation(tmp_path, tiny_sharded, caplog):
     """Without the thought block (as Gemma 4's smaller checkpoints render), each turn's prompt
-    extends the previous turn's sequence, so the conversation stays one sequence."""
+    extends the previous turn's sequence, so the conversation stays one sequence. A server that
+    does not stop at the end-of-turn token (no generation_config.json here) is warned about."""
     model = tmp_path / "model"
     model.mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (model / name).write_text((tiny_sharded.path / name).read_text())
     (model / "chat_template.jinja").write_text(tiny.CHAT_TEMPLATE.replace("<|channel>thought\n<channel|>", ""))
     codec = TextCodec(str(model))
+    assert TextCodec(str(tiny_sharded.path)).end_of_turn_id == tiny.TURN_END_ID and not caplog.records
+    assert codec.end_of_turn_id == tiny.TURN_END_ID
+    assert "ends a model turn with '<turn|>', where vLLM does not stop (it stops at ids [1]:" in caplog.text
     (example,) = read_examples(DatasetConfig(path=write_lines(tmp_path / "d.jsonl", [{"messages": CONVERSATION}])),
                                codec).items
     assert trained_text(codec, example) == "Tokyo.<turn|>Nairobi.<turn|>"

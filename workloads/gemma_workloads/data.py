@@ -82,6 +82,11 @@ class TextCodec:
         self.bos_id = self._id("bos_token") if self.special["bos_token"] else None
         self.eos_id = self._id("eos_token")
         self.control_ids = {i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
+        generation_file = root / "generation_config.json"
+        stops = json.loads(generation_file.read_text()).get("eos_token_id") if generation_file.exists() else None
+        # vLLM stops at the tokenizer's EOS and at generation_config.json's eos_token_id
+        # (SamplingParams.update_from_generation_config in vllm/sampling_params.py).
+        self.stop_ids = {self.eos_id, *([stops] if isinstance(stops, int) else stops or [])}
         template_file = root / "chat_template.jinja"
         template = template_file.read_text() if template_file.exists() else config.get("chat_template")
         if isinstance(template, list):  # named templates: take the default one
@@ -145,6 +150,10 @@ class TextCodec:
         if not ids or ids[0] not in self.control_ids:
             raise DataError(f"the chat template ends a model turn with {after[:24]!r}, not with a special token, "
                             "so the model cannot be taught where its answer ends")
+        if ids[0] not in self.stop_ids:
+            log.warning("the chat template ends a model turn with %r, where vLLM does not stop (it stops at ids %s: "
+                        "tokenizer_config.json's eos_token and generation_config.json's eos_token_id): served "
+                        "answers will run on past it", self.tokenizer.id_to_token(ids[0]), sorted(self.stop_ids))
         return ids[0]
 
     def render(self, messages: list[dict], *, generation_prompt: bool = False) -> str:
