@@ -29,7 +29,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def measure(server: local_vllm.VllmProcess, requests: int, max_tokens: int) -> tuple[list[float], int]:
-    body = {"model": SERVED_NAME, "prompt": "Q: What is the capital of Peru?\nA:", "max_tokens": max_tokens,
+    body = {"model": SERVED_NAME, "prompt": "<bos>Q: What is the capital of Peru?\nA:", "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True}  # fmt: skip
     local_vllm.request(f"{server.base_url}/v1/completions", body)  # the first request pays one-off costs
     latencies, tokens = [], 0

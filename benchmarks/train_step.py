@@ -90,7 +90,7 @@ def run(args: argparse.Namespace, cfg: gemma4.ModelConfig, out: str) -> None:
         peak_tflops_per_device=args.peak_tflops,
     )
     rows = synthetic_rows(config.batch_size * args.steps, args.seq, cfg.num_embed)
-    data = train.Data(batches.Batches(rows, args.micro_batch, seed=0), [], args.steps)
+    data = train.Data(batches.Batches(rows, args.micro_batch, seed=0, accumulation=args.accumulation), [], args.steps)
     device_mesh = mesh.make_mesh(None)
     with Preemption(0, multi_host=False) as preemption, device_mesh:
         base = constant_model(cfg, device_mesh)

@@ -21,7 +21,7 @@ SERVED_NAME = "tiny-gemma"
 KEY_REF = SecretKeyRef(name="vllm-api-key", key="token")
 API_KEY = secrets.token_hex(16)
 MAX_TOKENS = 24
-PROMPT = "Q: What is the capital of France?\nA:"
+PROMPT = "<bos>Q: What is the capital of France?\nA:"  # the text <bos> is the BOS token; the tokenizer adds none
 MESSAGES = [{"role": "user", "content": "Which city is the capital of Japan?"}]
 # vLLM's Gemma4ForConditionalGeneration imports transformers' Gemma 4 image processor, which
 # needs torchvision; PyPI has only CUDA builds of it, which do not load next to the CPU torch.
@@ -112,6 +112,7 @@ def test_greedy_output_equals_transformers(server, reference, endpoint):
     # Completions report the prompt's ids per choice, chat completions once per response.
     served_prompt = choice.get("prompt_token_ids") or body.get("prompt_token_ids")
     assert served_prompt == prompt_ids, "the prompt (or the chat template) was tokenized differently"
+    assert served_prompt[0] == tiny.BOS_ID != served_prompt[1], "one <bos>, first: the template's or the prompt's own"
     assert choice["token_ids"] == expected
     assert len(set(expected)) >= 5, f"too uniform to compare: {expected}"
 

@@ -1,6 +1,8 @@
 """Dataset reading, checking, tokenisation and loss masks; row layout and data order."""
 
 import json
+import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -27,9 +29,9 @@ def write_lines(path, rows) -> str:
 @pytest.mark.parametrize(
     "fmt,expected",
     [
-        ("chat", "The capital of Peru is Lima.<turn|>\n"),  # the end of turn is learnt too
+        ("chat", "The capital of Peru is Lima.<turn|>"),  # the end of turn is learnt too
         ("prompt-completion", " The capital of Peru is Lima.<eos>"),
-        ("text", ": What is the capital of Peru?\nA: The capital of Peru is Lima.<eos>"),  # all but the first token
+        ("text", "Q: What is the capital of Peru?\nA: The capital of Peru is Lima.<eos>"),  # all but the first, <bos>
     ],
 )
 def test_loss_mask_covers_exactly_what_the_model_should_write(tmp_path, codec, fmt, expected):
@@ -41,16 +43,83 @@ def test_loss_mask_covers_exactly_what_the_model_should_write(tmp_path, codec, f
     assert 0 < example.loss_mask.sum() < len(example)
 
 
-def test_chat_template_is_rendered_and_every_assistant_turn_trained(tmp_path, codec):
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of Japan?"},
+CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of Japan?"},
                 {"role": "assistant", "content": "Tokyo."}, {"role": "user", "content": "And Kenya?"},
-                {"role": "assistant", "content": "Nairobi."}]
-    path = write_lines(tmp_path / "d.jsonl", [{"messages": messages}])
-    (example,) = read_examples(DatasetConfig(path=path, format="chat"), codec).items
-    full = codec.tokenizer.decode(example.tokens.tolist(), skip_special_tokens=False)
-    assert full == ("<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nCapital of Japan?<turn|>\n<|turn>model\nTokyo."
-                    "<turn|>\n<|turn>user\nAnd Kenya?<turn|>\n<|turn>model\nNairobi.<turn|>\n")
-    assert trained_text(codec, example) == "Tokyo.<turn|>\nNairobi.<turn|>\n"
+                {"role": "assistant", "content": " Nairobi.\n"}]
+
+
+def test_each_assistant_turn_is_trained_on_the_prompt_the_server_sends(tmp_path, codec, tiny_sharded):
+    """The prompt of turn i is transformers' `apply_chat_template(messages[:i], add_generation_prompt=True)`,
+    what vLLM's chat endpoint sends (tests/serving checks vLLM against transformers), and the target
+    is the turn's content and the end-of-turn token. With the release's template (thought block
+    after the generation prompt, none in the history) each turn is a sequence of its own."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_sharded.path)
+    path = write_lines(tmp_path / "d.jsonl", [{"messages": CONVERSATION}])
+    examples = read_examples(DatasetConfig(path=path, format="chat"), codec).items
+    turns = [i for i, m in enumerate(CONVERSATION) if m["role"] == "assistant"]
+    assert len(examples) == len(turns) and {e.line for e in examples} == {1}
+    for example, i in zip(examples, turns):
+        prompt = tokenizer.apply_chat_template(CONVERSATION[:i], add_generation_prompt=True, return_dict=True)
+        prompt = prompt["input_ids"]
+        answer = tokenizer.encode(CONVERSATION[i]["content"].strip(), add_special_tokens=False)
+        assert example.tokens.tolist() == list(prompt) + answer + [tokenizer.convert_tokens_to_ids("<turn|>")]
+        assert example.loss_mask.tolist() == [False] * len(prompt) + [True] * (len(answer) + 1)
+    assert tokenizer.decode(examples[1].tokens.tolist()) == (
+        "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nCapital of Japan?<turn|>\n<|turn>model\nTokyo.<turn|>\n"
+        "<|turn>user\nAnd Kenya?<turn|>\n<|turn>model\n<|channel>thought\n<channel|>Nairobi.<turn|>")
+
+
+def test_a_template_that_grows_by_prefixes_gives_one_sequence_per_conversation(tmp_path, tiny_sharded, caplog):
+    """Without the thought block (as Gemma 4's smaller checkpoints render), each turn's prompt
+    extends the previous turn's sequence, so the conversation stays one sequence. A server that
+    does not stop at the end-of-turn token (no generation_config.json here) is warned about."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).write_text((tiny_sharded.path / name).read_text())
+    (model / "chat_template.jinja").write_text(tiny.CHAT_TEMPLATE.replace("<|channel>thought\n<channel|>", ""))
+    codec = TextCodec(str(model))
+    assert TextCodec(str(tiny_sharded.path)).end_of_turn_id == tiny.TURN_END_ID and not caplog.records
+    assert codec.end_of_turn_id == tiny.TURN_END_ID
+    assert "ends a model turn with '<turn|>', where vLLM does not stop (it stops at ids [1]:" in caplog.text
+    (example,) = read_examples(DatasetConfig(path=write_lines(tmp_path / "d.jsonl", [{"messages": CONVERSATION}])),
+                               codec).items
+    assert trained_text(codec, example) == "Tokyo.<turn|>Nairobi.<turn|>"
+    assert codec.tokenizer.decode(example.tokens.tolist(), skip_special_tokens=False).endswith(
+        "<|turn>model\nTokyo.<turn|>\n<|turn>user\nAnd Kenya?<turn|>\n<|turn>model\nNairobi.<turn|>")
+
+
+@pytest.mark.parametrize("bos_in_tokenizer_json", [False, True])
+@pytest.mark.parametrize("prompt", ["Q: What is the capital of Peru?\nA:", "<bos>Q: Peru?\nA:"])
+def test_completion_prompts_are_tokenized_as_the_server_does(tmp_path, tiny_sharded, bos_in_tokenizer_json, prompt,
+                                                             caplog):
+    """vLLM's /v1/completions encodes a prompt with transformers' tokenizer and add_special_tokens=True
+    (vllm/entrypoints/openai/completion/protocol.py); transformers 5 takes <bos> from tokenizer.json's
+    post-processor and ignores tokenizer_config.json's add_bos_token (tokenization_utils_base.py).
+    The tiny checkpoint declares add_bos_token: true with no post-processor: no <bos> unless sent."""
+    from tokenizers import Tokenizer, processors
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_sharded.path, model, ignore=shutil.ignore_patterns("*.safetensors*"))
+    if bos_in_tokenizer_json:
+        backend = Tokenizer.from_file(str(model / "tokenizer.json"))
+        bos = [("<bos>", tiny.BOS_ID)]
+        backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=bos)
+        backend.save(str(model / "tokenizer.json"))
+    served = AutoTokenizer.from_pretrained(model)(prompt)["input_ids"]
+    codec = TextCodec(str(model))
+    pairs = write_lines(tmp_path / "pairs.jsonl", [{"prompt": prompt, "completion": " Lima."}])
+    (pair,) = read_examples(DatasetConfig(path=pairs, format="prompt-completion"), codec).items
+    (text,) = read_examples(DatasetConfig(path=write_lines(tmp_path / "text.jsonl", [{"text": prompt}]), format="text"),
+                            codec).items
+    assert pair.tokens[: len(served)].tolist() == served and not pair.loss_mask[: len(served)].any()
+    assert text.tokens.tolist() == served + [tiny.EOS_ID]
+    assert (served[0] == tiny.BOS_ID) == (bos_in_tokenizer_json or prompt.startswith("<bos>")), "must be able to fail"
+    warned = [r.getMessage() for r in caplog.records if "rows are trained without <bos>" in r.getMessage()]
+    assert len(warned) == (0 if served[0] == tiny.BOS_ID else 2), "one warning per dataset without <bos>"
 
 
 @pytest.mark.parametrize(
@@ -63,6 +132,18 @@ def test_chat_template_is_rendered_and_every_assistant_turn_trained(tmp_path, co
         ("prompt-completion", ['{"prompt": "a", "response": "b"}'], r"d\.jsonl:1: .*missing \['completion'\], found \['prompt', 'response'\]"),
         ("chat", ['{"messages": [{"role": "robot", "content": "hi"}]}'], r"d\.jsonl:1: messages\[0\]\.role is 'robot'"),
         ("chat", ['{"messages": [{"role": "user", "content": "hi"}]}'], r"d\.jsonl:1: no assistant message"),
+        ("chat", ['{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}',
+                  '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", '
+                  '"reasoning_content": "Let me think."}]}'],
+         r"d\.jsonl:2: messages\[1\] has 'reasoning_content': thinking is not trained"),
+        ("chat", ['{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", '
+                  '"tool_calls": [{"function": {"name": "f"}}]}, {"role": "tool", "content": "1"}]}'],
+         r"d\.jsonl:1: messages\[1\] has 'tool_calls': tool calls are not trained"),
+        ("chat", ['{"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "1"}]}'],
+         r"d\.jsonl:1: messages\[1\]\.role is 'tool'.*\(tool calls and their results are not trained\)"),
+        ("chat", ['{"messages": [{"role": "user", "content": "q"}, '
+                  '{"role": "assistant", "content": "<|channel>thought\\nhmm<channel|>a"}]}'],
+         r"d\.jsonl:1: messages\[1\]\.content contains '<\|channel>', a control token"),
         ("text", ['["a list"]'], r"d\.jsonl:1: expected a JSON object, got list"),
         ("text", ['{"text": 3}'], r"d\.jsonl:1: field 'text' must be a string"),
         ("text", [], r"d\.jsonl has no usable examples"),
@@ -145,5 +226,9 @@ def test_eval_split_is_held_out_and_covered_once():
     train, held = batches.split(examples, 0.2, seed=0)
     assert len(train) == 8 and len(held) == 2
     assert {e.tokens[0] for e in train} | {e.tokens[0] for e in held} == {10 * i for i in range(1, 11)}
+    turns = [replace(e, line=i // 3 + 1) for i, e in enumerate(examples)]  # 4 conversations of up to 3 turns
+    for seed in range(5):
+        train, held = batches.split(turns, 0.25, seed)
+        assert len({e.line for e in held}) == 1 and not {e.line for e in held} & {e.line for e in train}
     evals = batches.eval_batches(batches.layout(held, 4, packing=False), 3)
     assert len(evals) == 1 and evals[0]["segment_ids"][2].sum() == 0 and not evals[0]["loss_mask"][2].any()

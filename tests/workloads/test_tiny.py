@@ -36,16 +36,26 @@ def test_transformers_loads_every_tensor(checkpoint):
     assert model.config.attention_k_eq_v
 
 
-def test_chat_template_renders_gemma4_turns(checkpoint):
+def test_chat_template_renders_gemma4_turns_as_the_release_does(checkpoint):
+    """With thinking off (the default) the generation prompt ends with an empty thought block; model
+    turns in the history have none, lose any thinking and are trimmed. So an answer's prompt is not
+    a prefix of the conversation rendered with that answer."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(checkpoint.path)
-    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
-    text = tok.apply_chat_template(messages, tokenize=False)
-    assert text == "<bos><|turn>user\nHi<turn|>\n<|turn>model\nHello.<turn|>\n"
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "<|channel>thought\nGreet back.<channel|> Hello. "},
+                {"role": "user", "content": "Bye"}]
+    assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
+        "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\nHello.<turn|>\n"
+        "<|turn>user\nBye<turn|>\n<|turn>model\n<|channel>thought\n<channel|>")
+    prompt = tok.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)
+    assert not tok.apply_chat_template(messages[:3], tokenize=False).startswith(prompt)
+    thinking = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=True)
+    assert thinking.endswith("<|turn>user\nBye<turn|>\n<|turn>model\n")
     assert len(tok) <= checkpoint.config.vocab_size
     ids = tok("The capital of France is Paris.")["input_ids"]
-    assert tok.decode(ids) == "The capital of France is Paris."
+    assert tok.decode(ids) == "The capital of France is Paris.", "no <bos> added to a plain prompt"
 
 
 @pytest.mark.parametrize("fmt,keys", [("chat", {"messages"}), ("prompt-completion", {"prompt", "completion"}), ("text", {"text"})])

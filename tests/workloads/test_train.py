@@ -17,12 +17,12 @@ import optax
 import pytest
 from flax import nnx
 
-from gemma_workloads import batches, checkpoints, lora, lora_checkpoint, mesh, metrics, tiny, train
+from gemma_workloads import batches, checkpoints, lora, lora_checkpoint, loss, mesh, metrics, tiny, train
 from gemma_workloads.config import (
     EXIT_INVALID_INPUT, EXIT_OK, EXIT_PREEMPTED, LORA_METADATA, DatasetConfig, LoraMetadata, Progress, TrainConfig,
     TrainResult,
 )
-from gemma_workloads.data import TextCodec, read_examples
+from gemma_workloads.data import Example, TextCodec, read_examples
 from gemma_workloads.model import load_model, read_hf_config, set_remat, tunix_config
 
 FORMATS = ("chat", "prompt-completion", "text")
@@ -73,7 +73,7 @@ def test_training_reduces_loss(runs, fmt):
     config, outcome = runs[fmt]
     assert outcome.exit_code == EXIT_OK and outcome.result.step == STEPS
     if config.dataset.packing:
-        assert len(train.prepare_data(config).train.rows) == 19, "57 training examples, three a row"
+        assert len(train.prepare_data(config).train.rows) == 20, "57 examples of 21-22 tokens, 3 a row where they fit"
     losses = [p.loss for p in outcome.history]
     assert len(losses) == STEPS
     assert np.mean(losses[-5:]) < 0.85 * losses[0], losses
@@ -137,7 +137,7 @@ def test_prompt_tokens_do_not_count(tmp_path, tiny_sharded, tiny_on_one_device):
         path = tmp_path / "q.jsonl"
         path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
                                 + "\n" for q, a in zip(questions, answers)))
-        rows = batches.layout(read_examples(DatasetConfig(path=str(path)), codec).items, 32, packing=False)
+        rows = batches.layout(read_examples(DatasetConfig(path=str(path)), codec).items, 48, packing=False)
         return rows.take(np.arange(len(rows)))
 
     compiled = nnx.jit(lambda m, b: trainer.loss_fn(m, **batches.model_inputs(b)))
@@ -150,6 +150,41 @@ def test_prompt_tokens_do_not_count(tmp_path, tiny_sharded, tiny_on_one_device):
     assert loss(short) == pytest.approx(loss(long), abs=1e-6)
     every_token = [dict(b, loss_mask=b["segment_ids"] > 0) for b in (short, long)]
     assert abs(loss(every_token[0]) - loss(every_token[1])) > 1e-3, "the test must be able to fail"
+
+
+class Bigram(nnx.Module):
+    """A next-token model with the Gemma model's call signature: the weighting is the loss's, not the model's."""
+
+    def __init__(self, vocab: int):
+        self.logits = nnx.Param(jax.random.normal(jax.random.key(0), (vocab, vocab)))
+
+    def __call__(self, tokens, positions, cache, attention_mask):
+        return self.logits[...][tokens], None
+
+
+def test_every_trained_token_of_an_accumulated_step_weighs_the_same():
+    """Rows with 2 and 30 trained tokens, one micro-batch each and accumulated (optax.MultiSteps, which
+    Tunix uses, averages micro-batch gradients: optax/transforms/_accumulation.py), give the loss and
+    gradient of the two rows as one batch. Averaging micro-batch means instead would weigh the
+    2-token answer as much as the 30-token one."""
+    tokens = np.random.default_rng(0).integers(0, 64, size=(2, 32)).astype(np.int32)
+    answers = [np.r_[np.zeros(30, bool), np.ones(2, bool)], np.r_[np.zeros(2, bool), np.ones(30, bool)]]
+    rows = batches.layout([Example(t, m) for t, m in zip(tokens, answers)], 32, packing=False)
+    model = Bigram(64)
+
+    @nnx.jit
+    def value_and_grad(m, batch):
+        return nnx.value_and_grad(lambda m: loss.token_weighted_nll(m, **batches.model_inputs(batch)))(m)
+
+    whole_loss, whole_grad = value_and_grad(model, batches.Batches(rows, 2, seed=0).next())
+    accumulated = batches.Batches(rows, 1, seed=0, accumulation=2)
+    micro = [accumulated.next() for _ in range(2)]
+    losses, grads = zip(*(value_and_grad(model, b) for b in micro))
+    assert np.mean(losses) == pytest.approx(float(whole_loss), rel=1e-6)
+    whole = whole_grad.logits[...]
+    np.testing.assert_allclose(sum(g.logits[...] for g in grads) / 2, whole, rtol=1e-5, atol=1e-8)
+    own_means = sum(g.logits[...] * 32 / (2 * b["loss_mask"][:, 1:].sum()) for g, b in zip(grads, micro)) / 2
+    assert np.abs(own_means - whole).max() > 0.1 * np.abs(whole).max(), "the test must be able to fail"
 
 
 def test_remat_recomputes_each_decoder_layer_with_the_same_gradients(tmp_path, tiny_sharded, tiny_on_one_device, token_ids):

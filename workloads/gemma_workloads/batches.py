@@ -41,6 +41,11 @@ class Rows:
                 "segment_ids": self.segment_ids[index], "positions": self.positions[index]}
 
     @cached_property
+    def targets(self) -> np.ndarray:
+        """Tokens each row is trained on (its first token is never a target)."""
+        return self.loss_mask[:, 1:].sum(axis=1)
+
+    @cached_property
     def fingerprint(self) -> str:
         """Identifies the data and its layout, so a resume can tell that the dataset changed."""
         digest = hashlib.sha256()
@@ -88,20 +93,30 @@ def fitting(examples: list[Example], length: int) -> list[Example]:
 
 
 def split(examples: list[Example], eval_fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
-    """A seeded shuffle, then the first `eval_fraction` of it held out for evaluation."""
-    order = np.random.default_rng(seed).permutation(len(examples))
-    n_eval = math.ceil(eval_fraction * len(examples)) if eval_fraction else 0
-    if n_eval and n_eval >= len(examples):
-        raise DataError(f"eval_fraction {eval_fraction} leaves no training examples out of {len(examples)}")
-    shuffled = [examples[i] for i in order]
-    return shuffled[n_eval:], shuffled[:n_eval]
+    """A seeded shuffle of the dataset's lines, then the first `eval_fraction` of them held out for
+    evaluation: the turns of one conversation stay on the same side."""
+    lines: dict[int, list[Example]] = {}
+    for i, example in enumerate(examples):
+        lines.setdefault(example.line or -1 - i, []).append(example)
+    groups = list(lines.values())
+    order = np.random.default_rng(seed).permutation(len(groups))
+    n_eval = math.ceil(eval_fraction * len(groups)) if eval_fraction else 0
+    if n_eval and n_eval >= len(groups):
+        raise DataError(f"eval_fraction {eval_fraction} leaves no training examples out of {len(groups)} lines")
+    shuffled = [groups[i] for i in order]
+    return [e for g in shuffled[n_eval:] for e in g], [e for g in shuffled[:n_eval] for e in g]
 
 
 class Batches:
-    """Micro-batches of a fixed row order; `position` is the number already handed out."""
+    """Micro-batches of a fixed row order; `position` is the number already handed out.
 
-    def __init__(self, rows: Rows, micro_batch_size: int, seed: int, position: int = 0):
+    Each carries `loss_scale` for loss.token_weighted_nll: `accumulation` over the trained tokens
+    of its optimizer step (`accumulation` micro-batches), so each token of the step weighs the same.
+    """
+
+    def __init__(self, rows: Rows, micro_batch_size: int, seed: int, position: int = 0, accumulation: int = 1):
         self.rows, self.micro, self.seed, self.position = rows, micro_batch_size, seed, position
+        self.accumulation = accumulation
         self._epoch, self._order = -1, np.empty(0, np.int64)
 
     def _stream(self, start: int, count: int) -> np.ndarray:
@@ -114,7 +129,11 @@ class Batches:
         return np.asarray(out)
 
     def micro_batch(self, index: int) -> dict[str, np.ndarray]:
-        return self.rows.take(self._stream(index * self.micro, self.micro))
+        step_rows = self.accumulation * self.micro
+        targets = self.rows.targets[self._stream(index // self.accumulation * step_rows, step_rows)].sum()
+        batch = self.rows.take(self._stream(index * self.micro, self.micro))
+        batch["loss_scale"] = np.full(self.micro, self.accumulation / max(targets, 1), np.float32)
+        return batch
 
     def next(self) -> dict[str, np.ndarray]:
         batch = self.micro_batch(self.position)
@@ -133,27 +152,33 @@ class Batches:
 
 
 def eval_batches(rows: Rows, micro_batch_size: int) -> list[dict[str, np.ndarray]]:
-    """Every eval row once, in order; the last batch is filled with empty rows (no loss)."""
+    """Every eval row once, in order; the last batch is filled with empty rows (no loss). Tunix
+    averages their losses, so each is scaled to make that the mean over every eval token."""
     batches = []
-    for start in range(0, len(rows), micro_batch_size):
+    starts = range(0, len(rows), micro_batch_size)
+    scale = len(starts) / max(rows.targets.sum(), 1)
+    for start in starts:
         index = np.arange(start, start + micro_batch_size)
         batch = rows.take(np.minimum(index, len(rows) - 1))
         for key in ("loss_mask", "segment_ids"):
             batch[key][index >= len(rows)] = 0
+        batch["loss_scale"] = np.full(micro_batch_size, scale, np.float32)
         batches.append(batch)
     return batches
 
 
 def model_inputs(batch: dict) -> dict:
-    """What Tunix's default loss takes: `input_mask` is the loss mask (it weighs the targets), and
-    the attention mask is causal within each segment. Runs inside the jitted train step."""
+    """What the loss takes: `input_mask` is the loss mask (it weighs the targets), the attention
+    mask is causal within each segment, `loss_scale` is passed on where the batch has one. Runs
+    inside the jitted train step."""
     segments = batch["segment_ids"]
     same = segments[:, :, None] == segments[:, None, :]
     length = segments.shape[1]
     causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+    scale = {"loss_scale": batch["loss_scale"]} if "loss_scale" in batch else {}
     return {
         "input_tokens": batch["tokens"],
         "input_mask": batch["loss_mask"],
         "positions": batch["positions"],
         "attention_mask": same & causal[None] & (segments[:, None, :] > 0),
-    }
+    } | scale

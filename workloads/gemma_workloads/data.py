@@ -2,17 +2,19 @@
 
 Every line is checked at start-up, before a TPU second is spent: a bad line stops the run with
 the file, the line number and what is wrong (or, with `skip_invalid`, is counted and reported).
-Loss goes only on what the model should learn to write: the assistant turns of a chat (their
-closing end-of-turn token included, so the model learns to stop), the completion of a
-prompt-completion pair (plus EOS), and all of a plain text (plus EOS).
+Each example is tokenised as the server will tokenise the same request, and loss goes only on
+what the model should learn to write: each assistant turn of a chat, after the prompt vLLM's chat
+endpoint would send for it, with its closing end-of-turn token (so the model learns to stop); the
+completion of a prompt-completion pair (plus EOS); all of a plain text (plus EOS).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,9 @@ from gemma_workloads.input_files import InputError
 log = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant")
+# Message fields the chat template would render into the prompt in ways not trained here.
+UNTRAINED_FIELDS = {"reasoning": "thinking is", "reasoning_content": "thinking is", "thinking": "thinking is",
+                    "tool_calls": "tool calls are"}
 
 
 class DataError(InputError):
@@ -36,6 +41,7 @@ class Example:
 
     tokens: np.ndarray  # int32 [n]
     loss_mask: np.ndarray  # bool [n]
+    line: int = 0  # the dataset line it came from (0: unknown); a chat line may give several examples
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -55,10 +61,13 @@ def _special(config: dict, name: str) -> str | None:
 
 
 class TextCodec:
-    """The checkpoint's tokenizer.json, chat template and special tokens.
+    """The checkpoint's tokenizer.json, chat template and special tokens, read as the server reads them.
 
-    The chat template is rendered like transformers does (sandboxed Jinja, trim_blocks and
-    lstrip_blocks), so the token stream is the one the released model saw in training.
+    Text is tokenised as transformers, and so vLLM, tokenises a prompt: tokenizer.json's own
+    post-processor decides which special tokens are added. `add_bos_token` in tokenizer_config.json
+    is not read: transformers 5 drops it when tokenizer.json exists (`_from_pretrained` in
+    transformers/tokenization_utils_base.py). The chat template is rendered like transformers does
+    (sandboxed Jinja, trim_blocks and lstrip_blocks).
     """
 
     def __init__(self, model_path: str):
@@ -72,9 +81,14 @@ class TextCodec:
         config_file = root / "tokenizer_config.json"
         config = json.loads(config_file.read_text()) if config_file.exists() else {}
         self.special = {n: _special(config, n) for n in ("bos_token", "eos_token", "pad_token", "unk_token")}
-        self.add_bos = bool(config.get("add_bos_token", False))
         self.bos_id = self._id("bos_token") if self.special["bos_token"] else None
         self.eos_id = self._id("eos_token")
+        self.control_ids = {i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
+        generation_file = root / "generation_config.json"
+        stops = json.loads(generation_file.read_text()).get("eos_token_id") if generation_file.exists() else None
+        # vLLM stops at the tokenizer's EOS and at generation_config.json's eos_token_id
+        # (SamplingParams.update_from_generation_config in vllm/sampling_params.py).
+        self.stop_ids = {self.eos_id, *([stops] if isinstance(stops, int) else stops or [])}
         template_file = root / "chat_template.jinja"
         template = template_file.read_text() if template_file.exists() else config.get("chat_template")
         if isinstance(template, list):  # named templates: take the default one
@@ -89,10 +103,7 @@ class TextCodec:
         return token_id
 
     def _encode(self, text: str, *, special: bool) -> list[int]:
-        ids = self.tokenizer.encode(text, add_special_tokens=special).ids
-        if special and self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
-            ids = [self.bos_id, *ids]
-        return ids
+        return self.tokenizer.encode(text, add_special_tokens=special).ids
 
     def text(self, text: str) -> Example:
         ids = self._encode(text, special=True) + [self.eos_id]
@@ -106,26 +117,46 @@ class TextCodec:
         mask = np.r_[np.zeros(len(prompt_ids), bool), np.ones(len(completion_ids), bool)]
         return Example(np.asarray(prompt_ids + completion_ids, np.int32), mask)
 
-    def chat(self, messages: list[dict]) -> Example:
-        """Render the conversation; train on the characters each assistant turn adds after the
-        generation prompt, found by rendering the conversation's growing prefixes."""
-        full = self.render(messages)
-        spans = []
+    def chat(self, messages: list[dict]) -> list[Example]:
+        """One sequence per assistant turn with content: the prompt the server sends for it (the
+        template's rendering of the conversation before it, with the generation prompt), not
+        trained, then the turn's content (trimmed, as the template shows it) and the end-of-turn
+        token, trained. A turn whose prompt extends the previous sequence joins it (templates that
+        render a conversation as a growing prefix); otherwise it starts a sequence of its own."""
+        sequences: list[tuple[list[int], list[bool]]] = []
         for i, message in enumerate(messages):
-            if message["role"] != "assistant":
+            content = message["content"].strip()
+            if message["role"] != "assistant" or not content:
                 continue
-            before = self.render(messages[:i], generation_prompt=True)
-            after = self.render(messages[: i + 1])
-            if not (after.startswith(before) and full.startswith(after)):
-                raise ValueError("the chat template does not render this conversation as a growing prefix, "
-                                 "so the assistant's tokens cannot be told apart")
-            spans.append((len(before), len(after)))
-        encoding = self.tokenizer.encode(full, add_special_tokens=False)
-        starts = np.asarray([start for start, _ in encoding.offsets], np.int64)
-        mask = np.zeros(len(starts), bool)
-        for lo, hi in spans:
-            mask |= (starts >= lo) & (starts < hi)
-        return Example(np.asarray(encoding.ids, np.int32), mask)
+            prompt = self._encode(self.render(messages[:i], generation_prompt=True), special=False)
+            answer = self._encode(content, special=False)
+            control = [self.tokenizer.id_to_token(t) for t in answer if t in self.control_ids]
+            if control:
+                raise ValueError(f"messages[{i}].content contains {control[0]!r}, a control token of the chat "
+                                 "format: an answer must be plain text (thinking is not trained: the server prompts "
+                                 "with it off)")
+            if not sequences or prompt[: len(sequences[-1][0])] != sequences[-1][0]:
+                sequences.append(([], []))
+            tokens, mask = sequences[-1]
+            mask += [False] * (len(prompt) - len(tokens)) + [True] * (len(answer) + 1)
+            tokens += prompt[len(tokens):] + answer + [self.end_of_turn_id]
+        return [Example(np.asarray(tokens, np.int32), np.asarray(mask, bool)) for tokens, mask in sequences]
+
+    @functools.cached_property
+    def end_of_turn_id(self) -> int:
+        """The token that ends a model turn: what the template writes right after an answer."""
+        answer = "The answer."
+        text = self.render([{"role": "user", "content": "A question?"}, {"role": "assistant", "content": answer}])
+        after = text[text.rindex(answer) + len(answer):]
+        ids = self._encode(after, special=False)
+        if not ids or ids[0] not in self.control_ids:
+            raise DataError(f"the chat template ends a model turn with {after[:24]!r}, not with a special token, "
+                            "so the model cannot be taught where its answer ends")
+        if ids[0] not in self.stop_ids:
+            log.warning("the chat template ends a model turn with %r, where vLLM does not stop (it stops at ids %s: "
+                        "tokenizer_config.json's eos_token and generation_config.json's eos_token_id): served "
+                        "answers will run on past it", self.tokenizer.id_to_token(ids[0]), sorted(self.stop_ids))
+        return ids[0]
 
     def render(self, messages: list[dict], *, generation_prompt: bool = False) -> str:
         if self.chat_template is None:
@@ -174,7 +205,12 @@ def _messages(row: dict) -> list[dict]:
         if not isinstance(message, dict) or not {"role", "content"} <= set(message):
             raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
         if message["role"] not in ROLES:
-            raise ValueError(f"messages[{i}].role is {message['role']!r}; expected one of {list(ROLES)}")
+            hint = " (tool calls and their results are not trained)" if message["role"] == "tool" else ""
+            raise ValueError(f"messages[{i}].role is {message['role']!r}; expected one of {list(ROLES)}{hint}")
+        untrained = [f for f in UNTRAINED_FIELDS if message.get(f)]
+        if untrained:
+            raise ValueError(f"messages[{i}] has {untrained[0]!r}: {UNTRAINED_FIELDS[untrained[0]]} not trained "
+                             "(the server prompts with thinking off and no tools); leave the field out")
         if not isinstance(message["content"], str):
             raise ValueError(f"messages[{i}].content must be a string (only text is supported)")
     if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
@@ -188,9 +224,9 @@ FORMATS = {
     "prompt-completion": (
         ("prompt", "completion"),
         lambda row: (_string(row, "prompt", empty_ok=True), _string(row, "completion")),
-        lambda codec, row: codec.prompt_completion(row["prompt"], row["completion"]),
+        lambda codec, row: [codec.prompt_completion(row["prompt"], row["completion"])],
     ),
-    "text": (("text",), lambda row: _string(row, "text"), lambda codec, row: codec.text(row["text"])),
+    "text": (("text",), lambda row: _string(row, "text"), lambda codec, row: [codec.text(row["text"])]),
 }
 
 
@@ -253,13 +289,18 @@ def read_examples(config: DatasetConfig, codec: TextCodec) -> Examples:
     encode = FORMATS[config.format][2]
     for number, row in rows(config, out.skipped):
         try:
-            out.items.append(encode(codec, row))
+            out.items.extend(replace(e, line=number) for e in encode(codec, row))
         except DataError:
             raise
         except Exception as e:  # noqa: BLE001 (a template may raise anything; the line is what matters)
             invalid(config, out.skipped, number, str(e))
     if not out.items:
         raise no_usable_examples(config, out.skipped)
+    if config.format != "chat" and codec.bos_id is not None and any(e.tokens[0] != codec.bos_id for e in out.items):
+        bos = codec.special["bos_token"]
+        log.warning("%s: rows are trained without %s: this tokenizer adds none, nor does vLLM's /v1/completions to "
+                    "the same text; Gemma was pretrained with it first, so start both rows and requests with the "
+                    "text %s", config.path, bos, bos)
     if out.skipped:
         log.warning("skipped %d invalid line(s) of %s (skip_invalid): %s", len(out.skipped), config.path,
                     "; ".join(out.skipped[:5]) + (" ..." if len(out.skipped) > 5 else ""))

@@ -18,18 +18,26 @@ from pathlib import Path
 
 import numpy as np
 
-SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>"]
-PAD_ID, EOS_ID, BOS_ID, UNK_ID, TURN_START_ID, TURN_END_ID = range(6)
+SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>", "<|channel>", "<channel|>"]
+PAD_ID, EOS_ID, BOS_ID, UNK_ID, TURN_START_ID, TURN_END_ID, CHANNEL_START_ID, CHANNEL_END_ID = range(8)
 
-# Gemma 4's turn format (`<|turn>role\n...<turn|>\n`, the assistant's role named `model`),
-# without the tool-calling and thinking parts of the released template.
+# Gemma 4's turn format (`<|turn>role\n...<turn|>\n`, the assistant's role named `model`) with the
+# instruction checkpoints' handling of thinking, as the 31B release behaves with thinking off (its
+# default): the generation prompt ends with an empty thought block; model turns in the history
+# have none, any thought block in them is dropped and their content trimmed. So the prompt an
+# answer follows is not a prefix of the conversation rendered with that answer. Tool calling and
+# the thinking-on system marker of the released template are left out.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"
     "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
-    "{{ '<|turn>' + role + '\n' + message['content'] | trim + '<turn|>\n' }}"
+    "{% set content = message['content'] %}"
+    "{% if role == 'model' and '<channel|>' in content %}{% set content = content.split('<channel|>')[-1] %}{% endif %}"
+    "{{ '<|turn>' + role + '\n' + content | trim + '<turn|>\n' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|turn>model\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|turn>model\n' }}"
+    "{% if not enable_thinking | default(false) %}{{ '<|channel>thought\n<channel|>' }}{% endif %}"
+    "{% endif %}"
 )
 
 
@@ -196,10 +204,10 @@ def write_dataset(path: str | Path, fmt: str = "chat", n: int = 64, seed: int = 
         for question, answer in examples(n, seed):
             if fmt == "chat":
                 row = {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
-            elif fmt == "prompt-completion":
-                row = {"prompt": f"Q: {question}\nA:", "completion": f" {answer}"}
+            elif fmt == "prompt-completion":  # <bos> written out: the tokenizer adds none (data.py)
+                row = {"prompt": f"<bos>Q: {question}\nA:", "completion": f" {answer}"}
             elif fmt == "text":
-                row = {"text": f"Q: {question}\nA: {answer}"}
+                row = {"text": f"<bos>Q: {question}\nA: {answer}"}
             else:
                 raise ValueError(f"unknown dataset format {fmt!r}")
             f.write(json.dumps(row) + "\n")
@@ -240,10 +248,12 @@ def write_tokenizer(out: Path, vocab_size: int) -> None:
                 "eos_token": "<eos>",
                 "pad_token": "<pad>",
                 "unk_token": "<unk>",
-                "add_bos_token": False,
+                # Declared, but transformers 5 ignores it when tokenizer.json exists (it follows that
+                # file's post-processor, here none): vLLM adds no <bos> to a completion's prompt.
+                "add_bos_token": True,
                 "add_eos_token": False,
                 "model_max_length": 4096,
-                "extra_special_tokens": ["<|turn>", "<turn|>"],
+                "extra_special_tokens": SPECIAL_TOKENS[4:],
             },
             indent=2,
         )

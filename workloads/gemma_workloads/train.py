@@ -30,7 +30,7 @@ from tunix.models.gemma4 import model as gemma4
 from tunix.sft import peft_trainer
 
 from gemma_workloads import batches as batching
-from gemma_workloads import checkpoints, lora, mesh, metrics, preflight
+from gemma_workloads import checkpoints, lora, loss, mesh, metrics, preflight
 from gemma_workloads.config import (
     EXIT_FAILED,
     EXIT_INVALID_INPUT,
@@ -82,7 +82,7 @@ def prepare_data(config: TrainConfig) -> Data:
     kept = batching.fitting(examples.items, ds.max_seq_len)
     train, held_out = batching.split(kept, ds.eval_fraction, config.seed)
     rows = batching.layout(train, ds.max_seq_len, packing=ds.packing)
-    data = batching.Batches(rows, config.micro_batch_size, config.seed)
+    data = batching.Batches(rows, config.micro_batch_size, config.seed, accumulation=config.grad_accumulation)
     total = config.steps or data.steps_for(config.epochs, config.batch_size)
     if config.warmup_steps >= total:
         raise ConfigError(f"warmup_steps {config.warmup_steps} must be smaller than the {total} training steps")
@@ -177,7 +177,7 @@ def make_trainer(model: gemma4.Gemma4, config: TrainConfig, total_steps: int, de
         checkpoint_root_directory=config.checkpoint_dir,
         checkpointing_options=checkpoints.options(config, total_steps, times),
         pbar_description=None,
-    )).with_gen_model_input_fn(batching.model_inputs)
+    )).with_loss_fn(loss.token_weighted_nll).with_gen_model_input_fn(batching.model_inputs)
     trainer.mesh = device_mesh
     trainer.save_times = times
     checkpoints.time_saves(trainer.checkpoint_manager, times)

@@ -1,0 +1,29 @@
+"""The training loss: every trained token of an optimizer step weighs the same.
+
+Tunix's default loss is the mean over one micro-batch, and optax.MultiSteps averages the
+micro-batches' gradients (`use_grad_mean=True`, its default), so with gradient accumulation a row
+with 3 answer tokens would weigh as much as one with 3,000. Here each micro-batch's summed loss is
+scaled by `loss_scale` = accumulation steps / trained tokens in the whole step (batches.py knows
+them in advance, the order being fixed), so the averaged gradient is that of the step's mean over
+its tokens, whatever the micro-batch size, and so is the reported loss.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def token_weighted_nll(model: nnx.Module, input_tokens: jax.Array, input_mask: jax.Array, positions: jax.Array,
+                       attention_mask: jax.Array, loss_scale: jax.Array | None = None) -> jax.Array:
+    """Next-token negative log-likelihood on the trained tokens, summed and scaled by `loss_scale`
+    (one value per row, all equal); without it, the micro-batch's own mean."""
+    logits, _ = model(input_tokens, positions, None, attention_mask)
+    logits = logits[:, :-1].astype(jnp.float32)  # the last position predicts nothing here
+    targets, mask = input_tokens[:, 1:], input_mask[:, 1:]
+    nll = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    per_row = jnp.sum(jnp.where(mask, nll, 0.0), axis=1)
+    if loss_scale is None:
+        return per_row.sum() / jnp.maximum(mask.sum(), 1)
+    return jnp.sum(per_row * loss_scale)
