@@ -119,7 +119,7 @@ def test_multi_host_v6e_is_a_leader_worker_set():
     assert leader["resources"]["limits"]["google.com/tpu"] == "4" == worker["resources"]["limits"]["google.com/tpu"]
     script = leader["command"][2]
     launcher = "bash /workspace/vllm/examples/online_serving/multi-node-serving.sh"
-    assert f"{launcher} leader --ray_cluster_size=$(LWS_GROUP_SIZE) ||" in script
+    assert f"{launcher} leader --ray_cluster_size=$(LWS_GROUP_SIZE) --ray_init_timeout=914 ||" in script
     served = shlex.split(script.split("; exec ", 1)[1])
     assert served[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert "--tensor-parallel-size=16" in served and "--distributed-executor-backend=ray" in served
@@ -127,6 +127,19 @@ def test_multi_host_v6e_is_a_leader_worker_set():
     assert tmpl["leaderTemplate"]["spec"]["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
     assert objs["Service"]["spec"]["selector"]["gemma-tpu.dev/role"] == "leader"
     assert tmpl["leaderTemplate"]["metadata"]["labels"]["gemma-tpu.dev/role"] == "leader"
+
+
+def test_each_multi_host_group_is_scheduled_into_one_slice():
+    """A multi-host TPU node pool is one slice, and a group's hosts must share its interconnect.
+    LWS pins a group's workers to its leader's node pool, and gives each group a pool of its own,
+    only when the LeaderWorkerSet carries the exclusive-topology annotation (kubernetes-sigs/lws
+    pkg/controllers/pod_controller.go: worker node selectors; pkg/webhooks/pod_webhook.go:
+    SetExclusiveAffinities). Without it the 4 hosts of a replica may straddle two 4x4 slices."""
+    _, objs = render(serve("big").tpu("v6e", "4x4").set("replicas", 2), fine_tune_preset="gemma4-31b")
+    annotations = objs["LeaderWorkerSet"]["metadata"]["annotations"]
+    assert annotations["leaderworkerset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
+    _, objs = render(serve("small"), fine_tune_preset="gemma4-31b")
+    assert "annotations" not in objs["Deployment"]["metadata"], "one host per replica: nothing to keep together"
 
 
 def test_autoscaling_and_pod_monitor():

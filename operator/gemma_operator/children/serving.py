@@ -25,6 +25,10 @@ REVISION_ANNOTATION = f"{common.PREFIX}/revision"
 MODEL_ANNOTATION = f"{common.PREFIX}/model-uri"
 ROLE_LABEL = f"{common.PREFIX}/role"
 CACHE_DIR = "/cache"
+# A multi-host TPU node pool is one slice, and the chips of a group must be one slice: LWS then
+# schedules each group into a node pool of its own (kubernetes-sigs/lws: api/leaderworkerset/v1
+# ExclusiveKeyAnnotationKey; its docs give cloud.google.com/gke-nodepool as the example key).
+EXCLUSIVE_TOPOLOGY = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 
 
 # A LeaderWorkerSet's groups are StatefulSets `<lws>-<group>` whose pods are `<lws>-<group>-<index>`
@@ -73,7 +77,11 @@ MULTIHOST_ENV = {"TPU_MULTIHOST_BACKEND": "ray"}
 def ray_command(script: str, role_args: str, then: list[str] | None = None) -> list[str]:
     """Run the image's Ray launcher: a worker becomes it, a leader runs it to form the cluster and
     then becomes vLLM. A missing script, or a leader's failed launch, ends the container with a
-    message saying which (the termination message falls back to the log)."""
+    message saying which (the termination message falls back to the log).
+
+    The launcher gives up after --ray_init_timeout, 300 s by default (vllm examples
+    online_serving/ and ray_serving/multi-node-serving.sh): less than a slice takes to come up
+    when its nodes are provisioned or its image pulled, so the roles pass the startup budget."""
     q = shlex.quote(script)
     missing = shlex.quote(f"gemma-tpu: the Ray launcher {script} is not in this image; set "
                           "images.serving_tpu_ray_script to where the serving image has multi-node-serving.sh")
@@ -124,14 +132,15 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
                          {"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": {**common.RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True},
     }  # fmt: skip
-    script = settings.images.serving_tpu_ray_script
+    script, wait = settings.images.serving_tpu_ray_script, f"--ray_init_timeout={plan.startup_seconds}"
     if plan.multi_host:
         container["terminationMessagePolicy"] = "FallbackToLogsOnError"
     if role == "worker":
-        container["command"] = ray_command(script, "worker --ray_address=$(LWS_LEADER_ADDRESS)")
+        container["command"] = ray_command(script, f"worker --ray_address=$(LWS_LEADER_ADDRESS) {wait}")
     else:
         if role == "leader":
-            container["command"] = ray_command(script, "leader --ray_cluster_size=$(LWS_GROUP_SIZE)", command + args)
+            role_args = f"leader --ray_cluster_size=$(LWS_GROUP_SIZE) {wait}"
+            container["command"] = ray_command(script, role_args, command + args)
         else:
             container["command"], container["args"] = command, args
         budget = plan.startup_seconds
@@ -175,6 +184,7 @@ def workload(plan: ServePlan, settings: OperatorSettings, owner: dict | None) ->
                 "template": _pod(plan, settings, "server"),
             },
         }  # fmt: skip
+    meta["annotations"] = {EXCLUSIVE_TOPOLOGY: tpu.NODE_POOL_LABEL}
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",

@@ -80,7 +80,8 @@ def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name
         "volumeMounts": [cfg_mount, shm_mount, *staging_mounts, *store_mounts],
         # A crash without a result still tells the operator why, from the log's tail.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {"allowPrivilegeEscalation": False},
+        # Pod Security Standards, "restricted": all capabilities dropped (the trainer's user has none).
+        "securityContext": dict(common.RESTRICTED_CONTAINER),
     }
     if plan.multi_host:
         container["ports"] = [{"containerPort": JAX_COORDINATOR_PORT, "name": "jax"}]
