@@ -288,7 +288,7 @@ def plan_finetune(
     if place.slice is not None:
         host_plan = host.plan_host(shape, _model_path(spec.model), spec.model.dtype, place.slice, settings)
         where = f"a {place.slice.machine_type} host of {place.label}"
-        problems += host.problems(host_plan, preset or "the model", where)
+        problems += host.problems(host_plan, preset or "the model", where, place.slice)
     if problems:
         raise SpecError(problems)
 

@@ -103,7 +103,8 @@ def test_bad_specs_name_the_field_and_the_problem(builder, message):
 def test_hbm_refusal_carries_the_numbers():
     with pytest.raises(SpecError) as e:
         plan(finetune("b").tpu("v6e", "2x2").set("dataset.maxSeqLen", 8192))
-    [msg] = e.value.problems
+    msg, *others = e.value.problems
+    assert [o.split(":")[0] for o in others] == ["spec.model"], "and no StorageClass for its staging volume"
     assert msg.startswith("spec.tpu: gemma4-31b does not fit v6e-4 (2x2) for training: ")
     assert "GiB per chip needed (weights 14.3, lora+adam" in msg and "vs 28.8 GiB available" in msg
 

@@ -106,11 +106,9 @@ def storage_volume(storage: api.Storage | None) -> tuple[list[dict], list[dict]]
     return [volume], [{"name": "storage", "mountPath": storage.mount_path}]
 
 
-def staging_volume(
-    host: HostPlan | None, labels_: dict[str, str], settings: OperatorSettings
-) -> tuple[list[dict], list[dict]]:
+def staging_volume(host: HostPlan | None, labels_: dict[str, str]) -> tuple[list[dict], list[dict]]:
     """A disk for a gs:// or hf:// model, sized from it: a volume claimed with the pod (deleted
-    with it), or the node's disk; never memory."""
+    with it, of the plan's StorageClass), or the node's disk; never memory."""
     if host is None or host.staging_size is None:
         return [], []
     if host.staging_volume == "emptyDir":
@@ -119,8 +117,8 @@ def staging_volume(
         claim: dict[str, Any] = {
             "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": host.staging_size}},
         }  # fmt: skip
-        if settings.training_host.staging_storage_class:
-            claim["storageClassName"] = settings.training_host.staging_storage_class
+        if host.storage_class:
+            claim["storageClassName"] = host.storage_class
         source = {"ephemeral": {"volumeClaimTemplate": {"metadata": {"labels": dict(labels_)}, "spec": claim}}}
     return [{"name": "staging", **source}], [{"name": "staging", "mountPath": STAGING_DIR}]
 
