@@ -98,7 +98,7 @@ def problems(host: HostPlan, what: str, where: str, slice_: tpu.Slice) -> list[s
         )
     if host.staging is not None and not host.staging.fits:
         out.append(
-            f"spec.model: staging {what} on a training node's disk: {host.staging.describe()}; create the node "
+            f"spec.model: staging {what} on the node disk of {where}: {host.staging.describe()}; create the node "
             "pool with a larger --disk-size and raise training_host.node_ephemeral_storage, or stage on a "
             "volume (training_host.staging_volume: ephemeralVolume)"
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -424,6 +424,7 @@ class ServePlan:
     service_account: str | None
     queue: str | None
     startup_seconds: int
+    staging: host.HostPlan | None = None  # the disk an hf:// model is downloaded to (its staging fields)
 
     @property
     def multi_host(self) -> bool:
@@ -475,9 +476,16 @@ def plan_serve(
             f"spec.startupTimeoutSeconds: {startup} is too short for {shape.preset}: loading and XLA compilation "
             f"take up to {MIN_STARTUP_SECONDS[shape.preset] // 60} minutes on a first start"
         )
+    uri = spec.model.uri or (f"hf://{spec.model.hf_repo}" if spec.model.hf_repo else model_uri)
+    staging = None
+    if place.slice is not None and uri and uri.startswith("hf://"):
+        # Every host downloads the whole model before loading it: onto a disk planned like training's,
+        # not the node's boot disk, which a 31B download fills (the kubelet then evicts the pod).
+        staging = replace(host.plan_host(shape, uri, "bfloat16", place.slice, settings), memory=None)
+        where = f"a {place.slice.machine_type} host of {place.label}"
+        problems += host.problems(staging, preset or "the model", where, place.slice)
     if problems:
         raise SpecError(problems)
-    uri = spec.model.uri or (f"hf://{spec.model.hf_repo}" if spec.model.hf_repo else model_uri)
     image = spec.vllm.image or (settings.images.serving_cpu if place.accelerator == "cpu" else settings.images.serving_tpu)
     return ServePlan(
         name=name,
@@ -493,4 +501,5 @@ def plan_serve(
         service_account=spec.service_account_name or settings.workload_service_account,
         queue=(labels or {}).get("kueue.x-k8s.io/queue-name") or settings.serving_kueue_queue,
         startup_seconds=startup,
+        staging=staging,
     )

@@ -156,7 +156,7 @@ def test_a_node_disk_too_small_to_stage_the_model_is_refused_with_the_numbers():
     with pytest.raises(SpecError) as e:
         plan(paper_run(), boot)
     [msg] = e.value.problems
-    assert msg.startswith("spec.model: staging gemma4-31b on a training node's disk: ")
+    assert msg.startswith("spec.model: staging gemma4-31b on the node disk of a ct5p-hightpu-4t host of v5p-8 ")
     assert f"GiB of local disk needed (checkpoint {RELEASE_BYTES / GIB:.1f}, headroom" in msg
     assert "vs 43.0 GiB available" in msg and "--disk-size" in msg
 

@@ -117,7 +117,8 @@ def test_remat_is_what_makes_long_sequences_fit():
 
 
 def test_serving_plan():
-    p = plan_serve("s", "ns", serve("s").set("model", {"hfRepo": "google/gemma-4-31B-it"}).spec, SETTINGS)
+    hyperdisk = OperatorSettings.model_validate({"training_host": {"staging_storage_classes": {"v6e": "hd"}}})
+    p = plan_serve("s", "ns", serve("s").set("model", {"hfRepo": "google/gemma-4-31B-it"}).spec, hyperdisk)
     assert p.placement.slice.name == "v6e-8" and p.tensor_parallel == 8 and p.served_name == "s"
     assert p.memory.fits and p.model_uri == "hf://google/gemma-4-31B-it"
     assert fit.concurrent_sequences(p.memory) > 64

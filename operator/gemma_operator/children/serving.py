@@ -105,9 +105,9 @@ def _resources(plan: ServePlan, settings: OperatorSettings) -> dict[str, Any]:
     r = settings.resources
     if plan.placement.slice is None:
         return {"requests": {"cpu": r.cpu_profile_cpu, "memory": r.cpu_profile_memory}, "limits": {"memory": r.cpu_profile_memory}}
-    chips = str(plan.placement.chips_per_host)
-    return {"requests": {"cpu": r.serving_cpu, "memory": r.serving_memory, tpu.TPU_RESOURCE: chips},
-            "limits": {"memory": r.serving_memory, tpu.TPU_RESOURCE: chips}}  # fmt: skip
+    amounts = {"memory": r.serving_memory, tpu.TPU_RESOURCE: str(plan.placement.chips_per_host),
+               **common.staging_storage(plan.staging)}  # fmt: skip
+    return {"requests": {"cpu": r.serving_cpu, **amounts}, "limits": amounts}
 
 
 def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, Any]:
@@ -117,10 +117,12 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
     keyed = plan.spec.vllm.api_key_secret_ref is not None
     shm, shm_mount = common.shm_volume()
     store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
+    staging_volumes, staging_mounts = common.staging_volume(plan.staging, _labels(plan))
     env += model.env
     if plan.multi_host:
         env += common.env_list(MULTIHOST_ENV)
-    env += common.env_list({"HOME": CACHE_DIR, "XDG_CACHE_HOME": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/huggingface"})
+    caches = {"HOME": CACHE_DIR, "XDG_CACHE_HOME": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/huggingface"}
+    env += common.env_list({**caches, **(plan.staging.env if plan.staging else {})})
     if plan.spec.model.hf_token_secret_ref:
         env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
     container: dict[str, Any] = {
@@ -128,7 +130,7 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
         "image": plan.image,
         "env": env,
         "resources": _resources(plan, settings),
-        "volumeMounts": [*model.mounts, shm_mount, *store_mounts,
+        "volumeMounts": [*model.mounts, shm_mount, *staging_mounts, *store_mounts,
                          {"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": {**common.RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True},
     }  # fmt: skip
@@ -148,7 +150,8 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
         container["startupProbe"] = {**_probe("/v1/models", keyed), "periodSeconds": 10, "failureThreshold": budget // 10, "timeoutSeconds": 5}
         container["readinessProbe"] = {**_probe("/v1/models", keyed), "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 5}
         container["livenessProbe"] = {**_probe("/health", keyed), "periodSeconds": 30, "failureThreshold": 5, "timeoutSeconds": 5}
-    volumes = [*model.volumes, shm, *store_volumes, {"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
+    volumes = [*model.volumes, shm, *staging_volumes, *store_volumes,
+               {"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
     spec = common.place({"containers": [container], "volumes": volumes,
                          "automountServiceAccountToken": False,  # vLLM needs no Kubernetes API
                          "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}},
