@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from gemma_operator import api, fit, host, tpu
+from gemma_operator import api, fit, host, mounts, tpu
 from gemma_operator.models import PRESETS, ModelShape, infer_preset
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import DatasetConfig, LoraConfig, MergeConfig, MeshConfig, TrainConfig, join, run_dir
@@ -261,6 +261,7 @@ def plan_finetune(
         spec.storage,
         spec.tpu.accelerator,
     )
+    problems += mounts.storage_problems(spec.storage, (CONFIG_DIR, mounts.SHM_DIR, host.STAGING_DIR), GCS_MOUNT_ROOT)
 
     memory = None
     if shape is not None and place.slice is not None:
@@ -470,6 +471,7 @@ def plan_serve(
                 f"(TP {tp}, maxModelLen {spec.vllm.max_model_len}); use a larger topology or a shorter maxModelLen"
             )
     problems += _check_paths({"spec.model.uri": spec.model.uri}, spec.storage, place.accelerator)
+    problems += mounts.storage_problems(spec.storage, (*mounts.SERVING, host.STAGING_DIR), GCS_MOUNT_ROOT)
     startup = spec.startup_timeout_seconds or default_startup_seconds(place, shape)
     if shape is not None and place.slice is not None and startup < MIN_STARTUP_SECONDS.get(shape.preset, 0):
         problems.append(

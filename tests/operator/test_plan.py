@@ -90,6 +90,10 @@ BAD_SPECS = [
     (finetune("b").set("serviceAccountName", "Bad_Name"),
      "spec.serviceAccountName: 'Bad_Name' is not a valid Kubernetes name (lowercase letters, digits, '-' and '.')"),
     (finetune("b").set("trainng", {}), "spec.trainng: unknown field"),
+    # Two mounts at one path: the API server refuses the pod (Kubernetes pkg/apis/core/validation,
+    # volumeMounts: mountPath "must be unique").
+    (finetune("b").cpu_tiny("/staging"), "spec.storage.mountPath: /staging is where the operator mounts its own "
+     "volumes (/etc/gemma-tpu, /dev/shm, /staging, /gcs); choose another path"),
 ]  # fmt: skip
 
 
@@ -128,6 +132,15 @@ def test_serving_plan():
         plan_serve("s", "ns", {"model": {}}, SETTINGS)
     with pytest.raises(SpecError, match="--api-key must come from a Secret"):
         plan_serve("s", "ns", serve("s").set("vllm", {"extraArgs": ["--api-key=abc"]}).spec, SETTINGS)
+
+
+def test_a_serving_volume_may_not_take_a_path_the_vllm_pod_mounts():
+    b = serve("s").tpu("cpu").set("model", {"uri": "/tmp/m"})
+    b.set("storage", {"persistentVolumeClaim": "d", "mountPath": "/tmp/"})
+    with pytest.raises(SpecError, match=r"spec.storage.mountPath: /tmp/ is where the operator mounts its own volumes "
+                                        r"\(/models/model, /xla-cache, /dev/shm, /cache, /tmp, /staging, /gcs\)"):
+        plan_serve("s", "ns", b.spec, SETTINGS)
+    assert plan_serve("s", "ns", b.set("storage.mountPath", "/tmp/data").set("model.uri", "/tmp/data/m").spec, SETTINGS)
 
 
 def test_fine_tune_ref_waits_for_the_output():

@@ -7,6 +7,7 @@ from typing import Any
 
 from gemma_operator import api
 from gemma_operator.host import STAGING_DIR, HostPlan
+from gemma_operator.mounts import SHM_DIR
 from gemma_operator.plan import CONFIG_DIR
 from gemma_operator.settings import OperatorSettings
 
@@ -96,7 +97,7 @@ def shm_volume(size_limit: str | None = None) -> tuple[dict, dict]:
     """JAX and vLLM use /dev/shm; the container default (64 MiB) is too small. Its files count
     against the container's memory limit, hence the optional bound."""
     empty_dir = {"medium": "Memory", **({"sizeLimit": size_limit} if size_limit else {})}
-    return {"name": "dshm", "emptyDir": empty_dir}, {"name": "dshm", "mountPath": "/dev/shm"}
+    return {"name": "dshm", "emptyDir": empty_dir}, {"name": "dshm", "mountPath": SHM_DIR}
 
 
 def storage_volume(storage: api.Storage | None) -> tuple[list[dict], list[dict]]:

@@ -16,6 +16,7 @@ from gemma_operator import api, tpu
 from gemma_operator.children import common
 from gemma_operator.children.model_delivery import delivery
 from gemma_operator.children.vllm import API_KEY_ENV, VllmLaunch, vllm_container
+from gemma_operator.mounts import CACHE_DIR, TMP_DIR
 from gemma_operator.plan import ServePlan
 from gemma_operator.settings import OperatorSettings
 
@@ -24,7 +25,6 @@ PORT = 8000
 REVISION_ANNOTATION = f"{common.PREFIX}/revision"
 MODEL_ANNOTATION = f"{common.PREFIX}/model-uri"
 ROLE_LABEL = f"{common.PREFIX}/role"
-CACHE_DIR = "/cache"
 # A multi-host TPU node pool is one slice, and the chips of a group must be one slice: LWS then
 # schedules each group into a node pool of its own (kubernetes-sigs/lws: api/leaderworkerset/v1
 # ExclusiveKeyAnnotationKey; its docs give cloud.google.com/gke-nodepool as the example key).
@@ -131,7 +131,7 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
         "env": env,
         "resources": _resources(plan, settings),
         "volumeMounts": [*model.mounts, shm_mount, *staging_mounts, *store_mounts,
-                         {"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+                         {"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": TMP_DIR}],
         "securityContext": {**common.RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True},
     }  # fmt: skip
     script, wait = settings.images.serving_tpu_ray_script, f"--ray_init_timeout={plan.startup_seconds}"
