@@ -20,12 +20,12 @@ TMP_DIR = "/tmp"
 SERVING = (MODEL_MOUNT, XLA_CACHE_MOUNT, SHM_DIR, CACHE_DIR, TMP_DIR)
 
 
-def storage_problems(storage: api.Storage | None, taken: tuple[str, ...], tree: str) -> list[str]:
+def storage_problems(storage: api.Storage | None, taken: tuple[str, ...], tree: str | None = None) -> list[str]:
     """spec.storage.mountPath may be none of `taken`, nor inside `tree` (where buckets are mounted)."""
     if storage is None:
         return []
     path = posixpath.normpath(storage.mount_path)
-    if path in taken or path == tree or path.startswith(tree + "/"):
+    if path in taken or (tree and (path == tree or path.startswith(tree + "/"))):
         return [f"spec.storage.mountPath: {storage.mount_path} is where the operator mounts its own volumes "
-                f"({', '.join((*taken, tree))}); choose another path"]
+                f"({', '.join((*taken, tree) if tree else taken)}); choose another path"]
     return []

@@ -471,7 +471,7 @@ def plan_serve(
                 f"(TP {tp}, maxModelLen {spec.vllm.max_model_len}); use a larger topology or a shorter maxModelLen"
             )
     problems += _check_paths({"spec.model.uri": spec.model.uri}, spec.storage, place.accelerator)
-    problems += mounts.storage_problems(spec.storage, (*mounts.SERVING, host.STAGING_DIR), GCS_MOUNT_ROOT)
+    problems += mounts.storage_problems(spec.storage, (*mounts.SERVING, host.STAGING_DIR))
     startup = spec.startup_timeout_seconds or default_startup_seconds(place, shape)
     if shape is not None and place.slice is not None and startup < MIN_STARTUP_SECONDS.get(shape.preset, 0):
         problems.append(

@@ -138,7 +138,7 @@ def test_a_serving_volume_may_not_take_a_path_the_vllm_pod_mounts():
     b = serve("s").tpu("cpu").set("model", {"uri": "/tmp/m"})
     b.set("storage", {"persistentVolumeClaim": "d", "mountPath": "/tmp/"})
     with pytest.raises(SpecError, match=r"spec.storage.mountPath: /tmp/ is where the operator mounts its own volumes "
-                                        r"\(/models/model, /xla-cache, /dev/shm, /cache, /tmp, /staging, /gcs\)"):
+                                        r"\(/models/model, /xla-cache, /dev/shm, /cache, /tmp, /staging\)"):
         plan_serve("s", "ns", b.spec, SETTINGS)
     assert plan_serve("s", "ns", b.set("storage.mountPath", "/tmp/data").set("model.uri", "/tmp/data/m").spec, SETTINGS)
 
