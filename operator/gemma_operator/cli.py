@@ -26,7 +26,13 @@ EXIT_INVALID = 2
 
 
 class _Dumper(yaml.SafeDumper):
-    """Readable manifests: multi-line strings (the workload configs) as blocks, number lists inline."""
+    """Readable manifests: multi-line strings (the workload configs) as blocks, number lists inline,
+    and every object written out in full: PyYAML writes an object met twice (a securityContext
+    shared by two containers) as an anchor and aliases (`&id001`, `*id001`), which a reader, a diff
+    or a tool that edits the YAML does not expect of a manifest."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:

@@ -29,14 +29,18 @@ def _memory(m: fit.MemoryEstimate | None) -> dict[str, Any] | None:
     }
 
 
+def _staging(h: host.HostPlan | None) -> dict[str, Any] | None:
+    if h is None or h.staging_size is None:
+        return None
+    return {"volume": h.staging_volume, "size": h.staging_size, "path": host.STAGING_DIR, "disk": _memory(h.staging),
+            "storageClass": h.storage_class}  # fmt: skip
+
+
 def _host(p: FineTunePlan) -> dict[str, Any] | None:
     h = p.host
     if h is None:
         return None
-    staging = None if h.staging_size is None else {
-        "volume": h.staging_volume, "size": h.staging_size, "path": host.STAGING_DIR, "disk": _memory(h.staging),
-    }  # fmt: skip
-    return {"memoryRequest": h.memory_request, "memory": _memory(h.memory), "staging": staging}
+    return {"memoryRequest": h.memory_request, "memory": _memory(h.memory), "staging": _staging(h)}
 
 
 def _fit_text(mem: dict[str, Any] | None, unknown: str) -> str:
@@ -54,9 +58,13 @@ def _host_text(d: dict[str, Any] | None) -> list[str]:
     s = d["staging"]
     if s is None:
         return [*lines, "  staging:       none (the model is read where it is)"]
+    return [*lines, f"  staging:       {_staging_text(s)}"]
+
+
+def _staging_text(s: dict[str, Any]) -> str:
     where = {"ephemeralVolume": "a volume claimed with the pod", "emptyDir": "the node's disk (ephemeral-storage)"}
     disk = "" if s["disk"] is None else f": {_fit_text(s['disk'], '')}"
-    return [*lines, f"  staging:       {s['size']} on {where[s['volume']]} at {s['path']}{disk}"]
+    return f"{s['size']} on {where[s['volume']]} at {s['path']}{disk}"
 
 
 def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:
@@ -65,7 +73,7 @@ def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:
             "kind": "GemmaServe", "name": p.name, "namespace": p.namespace, "slice": _slice(p),
             "modelUri": p.model_uri, "servedModelName": p.served_name, "tensorParallel": p.tensor_parallel,
             "hbmPerChip": _memory(p.memory), "image": p.image, "workload": f"{'LeaderWorkerSet' if p.multi_host else 'Deployment'} {serving.name(p)}",
-            "startupBudgetSeconds": p.startup_seconds, **model_delivery.describe(p),
+            "startupBudgetSeconds": p.startup_seconds, "download": _staging(p.staging), **model_delivery.describe(p),
         }  # fmt: skip
     est = p.estimate
     return {
@@ -102,6 +110,7 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
             f"  startup:       up to {d['startupBudgetSeconds'] // 60} min for loading and XLA compilation",
             f"  workload:      {d['workload']}",
             f"  compile cache: {d['compileCache'] or 'none (every restart compiles again)'}",
+            *([f"  download:      {_staging_text(d['download'])}"] if d["download"] else []),
         ]
         return "\n".join(lines)
     est = d["estimate"]

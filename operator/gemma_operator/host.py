@@ -30,6 +30,7 @@ class HostPlan:
     staging: fit.MemoryEstimate | None  # None: nothing staged, or its size is unknown
     staging_size: str | None  # size of the staging volume; None: the model is read in place
     staging_volume: str | None  # "ephemeralVolume" or "emptyDir" (settings.training_host)
+    storage_class: str | None = None  # of an ephemeralVolume; None: the cluster's default
 
     @property
     def env(self) -> dict[str, str]:
@@ -66,17 +67,29 @@ def plan_host(shape: ModelShape | None, model_path: str, dtype: str, slice_: tpu
         request = max(request, memory.total)
     if not model_path.startswith(STAGED_SCHEMES):
         return HostPlan(memory, _quantity(request), None, None, None)
+    storage_class = h.staging_storage_classes.get(slice_.generation) or h.staging_storage_class
     if shape is None:
-        return HostPlan(memory, _quantity(request), None, h.unknown_model_size, h.staging_volume)
+        return HostPlan(memory, _quantity(request), None, h.unknown_model_size, h.staging_volume, storage_class)
     size = _quantity(fit.staging_disk(shape, 0).total)
     # A volume is made to measure; the node's disk is what the node pool was given.
     disk = h.node_ephemeral_storage if h.staging_volume == "emptyDir" else size
-    return HostPlan(memory, _quantity(request), fit.staging_disk(shape, fit.parse_size(disk)), size, h.staging_volume)
+    staging = fit.staging_disk(shape, fit.parse_size(disk))
+    return HostPlan(memory, _quantity(request), staging, size, h.staging_volume, storage_class)
 
 
-def problems(host: HostPlan, what: str, where: str) -> list[str]:
+def problems(host: HostPlan, what: str, where: str, slice_: tpu.Slice) -> list[str]:
     """What does not fit, with the numbers and the settings to change."""
     out = []
+    disks = tpu.GENERATIONS[slice_.generation].disk_types
+    if host.staging_volume == "ephemeralVolume" and host.storage_class is None and "pd-balanced" not in disks:
+        # GKE's default StorageClasses provision Persistent Disk (GKE docs, "Persistent volumes and
+        # dynamic provisioning"), which these VMs cannot attach: the pod would wait for it forever.
+        out.append(
+            f"spec.model: staging {what} on a volume attached to {where}: its VMs attach only "
+            f"{', '.join(disks)} disks, and no StorageClass is set for them; set the operator setting "
+            f"training_host.staging_storage_classes.{slice_.generation} to a StorageClass of one of "
+            "those types, or stage on the node's disk (training_host.staging_volume: emptyDir)"
+        )
     if host.memory is not None and not host.memory.fits:
         out.append(
             f"spec.tpu: {what} does not fit the host memory of {where} for training: {host.memory.describe()}; "
@@ -85,7 +98,7 @@ def problems(host: HostPlan, what: str, where: str) -> list[str]:
         )
     if host.staging is not None and not host.staging.fits:
         out.append(
-            f"spec.model: staging {what} on a training node's disk: {host.staging.describe()}; create the node "
+            f"spec.model: staging {what} on the node disk of {where}: {host.staging.describe()}; create the node "
             "pool with a larger --disk-size and raise training_host.node_ephemeral_storage, or stage on a "
             "volume (training_host.staging_volume: ephemeralVolume)"
         )

@@ -10,12 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from gemma_operator import api, fit, host, tpu
+from gemma_operator import api, fit, host, mounts, tpu
 from gemma_operator.models import PRESETS, ModelShape, infer_preset
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import DatasetConfig, LoraConfig, MergeConfig, MeshConfig, TrainConfig, join, run_dir
@@ -261,6 +261,7 @@ def plan_finetune(
         spec.storage,
         spec.tpu.accelerator,
     )
+    problems += mounts.storage_problems(spec.storage, (CONFIG_DIR, mounts.SHM_DIR, host.STAGING_DIR), GCS_MOUNT_ROOT)
 
     memory = None
     if shape is not None and place.slice is not None:
@@ -288,7 +289,7 @@ def plan_finetune(
     if place.slice is not None:
         host_plan = host.plan_host(shape, _model_path(spec.model), spec.model.dtype, place.slice, settings)
         where = f"a {place.slice.machine_type} host of {place.label}"
-        problems += host.problems(host_plan, preset or "the model", where)
+        problems += host.problems(host_plan, preset or "the model", where, place.slice)
     if problems:
         raise SpecError(problems)
 
@@ -424,6 +425,7 @@ class ServePlan:
     service_account: str | None
     queue: str | None
     startup_seconds: int
+    staging: host.HostPlan | None = None  # the disk an hf:// model is downloaded to (its staging fields)
 
     @property
     def multi_host(self) -> bool:
@@ -469,15 +471,23 @@ def plan_serve(
                 f"(TP {tp}, maxModelLen {spec.vllm.max_model_len}); use a larger topology or a shorter maxModelLen"
             )
     problems += _check_paths({"spec.model.uri": spec.model.uri}, spec.storage, place.accelerator)
+    problems += mounts.storage_problems(spec.storage, (*mounts.SERVING, host.STAGING_DIR))
     startup = spec.startup_timeout_seconds or default_startup_seconds(place, shape)
     if shape is not None and place.slice is not None and startup < MIN_STARTUP_SECONDS.get(shape.preset, 0):
         problems.append(
             f"spec.startupTimeoutSeconds: {startup} is too short for {shape.preset}: loading and XLA compilation "
             f"take up to {MIN_STARTUP_SECONDS[shape.preset] // 60} minutes on a first start"
         )
+    uri = spec.model.uri or (f"hf://{spec.model.hf_repo}" if spec.model.hf_repo else model_uri)
+    staging = None
+    if place.slice is not None and uri and uri.startswith("hf://"):
+        # Every host downloads the whole model before loading it: onto a disk planned like training's,
+        # not the node's boot disk, which a 31B download fills (the kubelet then evicts the pod).
+        staging = replace(host.plan_host(shape, uri, "bfloat16", place.slice, settings), memory=None)
+        where = f"a {place.slice.machine_type} host of {place.label}"
+        problems += host.problems(staging, preset or "the model", where, place.slice)
     if problems:
         raise SpecError(problems)
-    uri = spec.model.uri or (f"hf://{spec.model.hf_repo}" if spec.model.hf_repo else model_uri)
     image = spec.vllm.image or (settings.images.serving_cpu if place.accelerator == "cpu" else settings.images.serving_tpu)
     return ServePlan(
         name=name,
@@ -493,4 +503,5 @@ def plan_serve(
         service_account=spec.service_account_name or settings.workload_service_account,
         queue=(labels or {}).get("kueue.x-k8s.io/queue-name") or settings.serving_kueue_queue,
         startup_seconds=startup,
+        staging=staging,
     )

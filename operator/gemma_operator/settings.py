@@ -73,8 +73,15 @@ class TrainingHost(_Settings):
         "from the model (ephemeralVolume), or the node's own disk (emptyDir, ephemeral-storage).",
     )
     staging_storage_class: str | None = Field(
-        default=None, description="StorageClass of the staging volume; none: the cluster's default "
-        "(a TPU machine type may accept only some disk types, e.g. Hyperdisk on v6e).",
+        default=None, description="StorageClass of the staging volume of merge Jobs, and of TPU "
+        "generations without an entry in staging_storage_classes; none: the cluster's default.",
+    )
+    staging_storage_classes: dict[str, str] = Field(
+        # A TPU VM attaches only some disk types (v5p: Persistent Disk balanced; v6e: Hyperdisk
+        # only), so one class rarely fits every generation.
+        default_factory=dict, description="StorageClass of the staging volume per TPU generation "
+        "(v5p, v6e), e.g. {v6e: a Hyperdisk Balanced class}; WaitForFirstConsumer, so the disk is "
+        "made in the zone of the slice.",
     )
     node_ephemeral_storage: str = Field(
         # GKE's node-sizing page shows a 100 GB boot disk leaving 47,060,071,478 bytes allocatable.

@@ -59,6 +59,9 @@ class Generation:
     peak_bf16_tflops: float
     cores_per_chip: int
     default_topology: str
+    # The disk types its VMs attach (Cloud TPU docs, "Storage options for Cloud TPU data": TPU
+    # generation and supported disk types): a volume of any other type is provisioned but never attached.
+    disk_types: tuple[str, ...] = ()
     slices: dict[str, Slice] = field(default_factory=dict)
 
     def slice(self, topology: str | None) -> Slice:
@@ -95,11 +98,13 @@ _V6E_TOPOLOGIES = ["1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"]
 GENERATIONS: dict[str, Generation] = {
     "v5p": Generation(
         "v5p", "tpu-v5p-slice", hbm_gib_per_chip=95.0, peak_bf16_tflops=459.0, cores_per_chip=2,
-        default_topology="2x2x1", slices={t: _v5p(t) for t in _V5P_TOPOLOGIES},
+        default_topology="2x2x1", disk_types=("pd-balanced", "hyperdisk-ml"),
+        slices={t: _v5p(t) for t in _V5P_TOPOLOGIES},
     ),
     "v6e": Generation(
         "v6e", "tpu-v6e-slice", hbm_gib_per_chip=32.0, peak_bf16_tflops=918.0, cores_per_chip=1,
-        default_topology="2x4", slices={t: _v6e(t) for t in _V6E_TOPOLOGIES},
+        default_topology="2x4", disk_types=("hyperdisk-balanced", "hyperdisk-ml"),
+        slices={t: _v6e(t) for t in _V6E_TOPOLOGIES},
     ),
 }  # fmt: skip
 

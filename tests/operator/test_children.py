@@ -151,3 +151,35 @@ def test_the_trainer_knows_the_pods_grace_period():
     cfg = TrainConfig.model_validate_json(training.config_map(p, OWNER)["data"]["train.json"])
     spec = pod_spec(training.workload(p, SETTINGS, OWNER))
     assert cfg.termination_grace_seconds == spec["terminationGracePeriodSeconds"] == SETTINGS.termination_grace_seconds
+
+
+# The checks of the Pod Security Standards' "restricted" profile (kubernetes.io, "Pod Security
+# Standards"; enforced by the PodSecurity admission plugin of a namespace labelled
+# pod-security.kubernetes.io/enforce=restricted) that a pod spec can fail.
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret", "name"}  # fmt: skip
+
+
+def restricted_violations(spec: dict) -> list[str]:
+    out = [f"volume {v['name']}" for v in spec.get("volumes", []) if set(v) - RESTRICTED_VOLUMES]
+    pod = spec.get("securityContext") or {}
+    for c in spec["containers"] + spec.get("initContainers", []):
+        sc = c.get("securityContext") or {}
+        if not sc.get("runAsNonRoot", pod.get("runAsNonRoot")):
+            out.append(f"{c['name']}: runAsNonRoot")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{c['name']}: allowPrivilegeEscalation")
+        if "ALL" not in (sc.get("capabilities") or {}).get("drop", []):
+            out.append(f"{c['name']}: capabilities.drop ALL")
+        seccomp = sc.get("seccompProfile") or pod.get("seccompProfile") or {}
+        if seccomp.get("type") not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{c['name']}: seccompProfile")
+    return out
+
+
+def test_training_and_merge_pods_pass_the_restricted_pod_security_profile():
+    for b in (finetune("ft").tpu("v5p"), finetune("ft").tpu("v5p", "2x2x2").training(microBatchSize=2),
+              finetune("ft").cpu_tiny()):  # fmt: skip
+        p = ft_plan(b)
+        assert restricted_violations(pod_spec(training.workload(p, SETTINGS, OWNER))) == []
+        assert restricted_violations(pod_spec(merge.job(p, SETTINGS, OWNER))) == []

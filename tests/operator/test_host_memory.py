@@ -83,11 +83,39 @@ def test_staging_on_the_nodes_disk_requests_ephemeral_storage():
     validate_object(training.workload(plan(paper_run(), settings), settings, None))
 
 
-def test_the_staging_volume_has_the_configured_storage_class():
-    settings = OperatorSettings.model_validate({"training_host": {"staging_storage_class": "hyperdisk-balanced"}})
-    [pod] = pods(training.workload(plan(paper_run(), settings), settings, None))
+def claim_class(pod) -> str | None:
     volume = next(v for v in pod["volumes"] if v["name"] == "staging")
-    assert volume["ephemeral"]["volumeClaimTemplate"]["spec"]["storageClassName"] == "hyperdisk-balanced"
+    return volume["ephemeral"]["volumeClaimTemplate"]["spec"].get("storageClassName")
+
+
+def test_the_staging_volume_has_the_storage_class_of_its_tpu_generation():
+    """A TPU VM attaches only some disk types (Cloud TPU docs, "Storage options for Cloud TPU
+    data": v5p Balanced Persistent Disk and Hyperdisk ML, v6e Hyperdisk Balanced and Hyperdisk
+    ML), so no single class fits both; the merge runs on CPU nodes and takes the general one."""
+    settings = OperatorSettings.model_validate({"training_host": {
+        "staging_storage_class": "standard-rwo", "staging_storage_classes": {"v6e": "hyperdisk-balanced"}}})
+    v6e = paper_run().tpu("v6e", "4x4").training(microBatchSize=4)
+    assert {claim_class(pod) for pod in pods(training.workload(plan(v6e, settings), settings, None))} == {
+        "hyperdisk-balanced"}
+    [pod] = pods(training.workload(plan(paper_run(), settings), settings, None))
+    assert claim_class(pod) == "standard-rwo"
+    [pod] = pods(merge.job(plan(v6e, settings), settings, None))
+    assert claim_class(pod) == "standard-rwo"
+
+
+def test_a_v6e_staging_volume_without_a_hyperdisk_class_is_refused():
+    """GKE's default StorageClasses provision Persistent Disk, which a v6e VM cannot attach: the
+    pod would wait forever for its volume. The node's disk needs no class."""
+    v6e = paper_run().tpu("v6e", "4x4").training(microBatchSize=4)
+    with pytest.raises(SpecError) as e:
+        plan(v6e)
+    [msg] = e.value.problems
+    assert msg.startswith("spec.model: staging gemma4-31b on a volume attached to a ct6e-standard-4t host of v6e-16")
+    assert "hyperdisk-balanced, hyperdisk-ml" in msg and "training_host.staging_storage_classes.v6e" in msg
+    node_disk = OperatorSettings.model_validate({"training_host": {"staging_volume": "emptyDir",
+                                                                   "node_ephemeral_storage": "180Gi"}})  # fmt: skip
+    assert plan(v6e, node_disk).host.staging_volume == "emptyDir"
+    assert plan(paper_run()).host.storage_class is None, "v5p attaches the default class's Persistent Disk"
 
 
 def test_a_model_on_a_volume_is_read_in_place_with_the_same_memory():
@@ -128,7 +156,7 @@ def test_a_node_disk_too_small_to_stage_the_model_is_refused_with_the_numbers():
     with pytest.raises(SpecError) as e:
         plan(paper_run(), boot)
     [msg] = e.value.problems
-    assert msg.startswith("spec.model: staging gemma4-31b on a training node's disk: ")
+    assert msg.startswith("spec.model: staging gemma4-31b on the node disk of a ct5p-hightpu-4t host of v5p-8 ")
     assert f"GiB of local disk needed (checkpoint {RELEASE_BYTES / GIB:.1f}, headroom" in msg
     assert "vs 43.0 GiB available" in msg and "--disk-size" in msg
 

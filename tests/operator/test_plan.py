@@ -90,6 +90,10 @@ BAD_SPECS = [
     (finetune("b").set("serviceAccountName", "Bad_Name"),
      "spec.serviceAccountName: 'Bad_Name' is not a valid Kubernetes name (lowercase letters, digits, '-' and '.')"),
     (finetune("b").set("trainng", {}), "spec.trainng: unknown field"),
+    # Two mounts at one path: the API server refuses the pod (Kubernetes pkg/apis/core/validation,
+    # volumeMounts: mountPath "must be unique").
+    (finetune("b").cpu_tiny("/staging"), "spec.storage.mountPath: /staging is where the operator mounts its own "
+     "volumes (/etc/gemma-tpu, /dev/shm, /staging, /gcs); choose another path"),
 ]  # fmt: skip
 
 
@@ -103,7 +107,8 @@ def test_bad_specs_name_the_field_and_the_problem(builder, message):
 def test_hbm_refusal_carries_the_numbers():
     with pytest.raises(SpecError) as e:
         plan(finetune("b").tpu("v6e", "2x2").set("dataset.maxSeqLen", 8192))
-    [msg] = e.value.problems
+    msg, *others = e.value.problems
+    assert [o.split(":")[0] for o in others] == ["spec.model"], "and no StorageClass for its staging volume"
     assert msg.startswith("spec.tpu: gemma4-31b does not fit v6e-4 (2x2) for training: ")
     assert "GiB per chip needed (weights 14.3, lora+adam" in msg and "vs 28.8 GiB available" in msg
 
@@ -116,7 +121,8 @@ def test_remat_is_what_makes_long_sequences_fit():
 
 
 def test_serving_plan():
-    p = plan_serve("s", "ns", serve("s").set("model", {"hfRepo": "google/gemma-4-31B-it"}).spec, SETTINGS)
+    hyperdisk = OperatorSettings.model_validate({"training_host": {"staging_storage_classes": {"v6e": "hd"}}})
+    p = plan_serve("s", "ns", serve("s").set("model", {"hfRepo": "google/gemma-4-31B-it"}).spec, hyperdisk)
     assert p.placement.slice.name == "v6e-8" and p.tensor_parallel == 8 and p.served_name == "s"
     assert p.memory.fits and p.model_uri == "hf://google/gemma-4-31B-it"
     assert fit.concurrent_sequences(p.memory) > 64
@@ -126,6 +132,15 @@ def test_serving_plan():
         plan_serve("s", "ns", {"model": {}}, SETTINGS)
     with pytest.raises(SpecError, match="--api-key must come from a Secret"):
         plan_serve("s", "ns", serve("s").set("vllm", {"extraArgs": ["--api-key=abc"]}).spec, SETTINGS)
+
+
+def test_a_serving_volume_may_not_take_a_path_the_vllm_pod_mounts():
+    b = serve("s").tpu("cpu").set("model", {"uri": "/tmp/m"})
+    b.set("storage", {"persistentVolumeClaim": "d", "mountPath": "/tmp/"})
+    with pytest.raises(SpecError, match=r"spec.storage.mountPath: /tmp/ is where the operator mounts its own volumes "
+                                        r"\(/models/model, /xla-cache, /dev/shm, /cache, /tmp, /staging\)"):
+        plan_serve("s", "ns", b.spec, SETTINGS)
+    assert plan_serve("s", "ns", b.set("storage.mountPath", "/tmp/data").set("model.uri", "/tmp/data/m").spec, SETTINGS)
 
 
 def test_fine_tune_ref_waits_for_the_output():

@@ -54,6 +54,17 @@ def test_render_cli_prints_the_first_phase(capsys):
     assert objs[1]["spec"]["template"]["spec"]["containers"][0]["command"][:3] == ["python", "-m", "gemma_workloads.merge"]
 
 
+def test_render_writes_every_object_in_full(capsys):
+    """PyYAML's dumper writes a dict met twice as an anchor and aliases (`&id001` ... `*id001`);
+    the leader and worker containers of a LeaderWorkerSet share their securityContext."""
+    assert cli.main_exit(["render", "-f", str(EXAMPLES / "serve-v6e16-multihost.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "&id" not in out and "*id" not in out
+    lws = next(o for o in yaml.safe_load_all(out) if o["kind"] == "LeaderWorkerSet")["spec"]["leaderWorkerTemplate"]
+    worker = lws["workerTemplate"]["spec"]["containers"][0]
+    assert worker["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
 def _write(tmp_path, spec):
     path = tmp_path / "cr.yaml"
     path.write_text(yaml.safe_dump({"apiVersion": "gemma-tpu.dev/v1alpha1", "kind": "GemmaFineTune",

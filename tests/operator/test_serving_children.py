@@ -4,6 +4,7 @@ import shlex
 
 import pytest
 
+from gemma_operator import explain
 from gemma_operator.children import serving_objects
 from gemma_operator.children.model_delivery import compile_cache_key
 from gemma_operator.plan import SpecError, plan_serve
@@ -12,11 +13,13 @@ from tests.support.builders import serve
 from tests.support.validation import validate_object
 
 SETTINGS = OperatorSettings()
+# v6e VMs attach only Hyperdisk (Cloud TPU docs, "Storage options"): a download disk needs its class.
+HYPERDISK = OperatorSettings.model_validate({"training_host": {"staging_storage_classes": {"v6e": "hd-balanced"}}})
 
 
-def render(b, **kw):
-    p = plan_serve(b.name, "ns", b.spec, SETTINGS, **kw)
-    objs = serving_objects(p, SETTINGS)
+def render(b, settings=SETTINGS, **kw):
+    p = plan_serve(b.name, "ns", b.spec, settings, **kw)
+    objs = serving_objects(p, settings)
     for obj in objs:
         if obj["kind"] != "PodMonitor":  # a prometheus-operator kind: its fields are checked below
             validate_object(obj)
@@ -61,7 +64,7 @@ def test_v6e8_serves_a_merged_output_from_cloud_storage():
 def test_api_key_and_hf_token_come_from_secrets():
     b = serve("s").set("model", {"hfRepo": "google/gemma-4-31B-it", "hfTokenSecretRef": {"name": "hf"}})
     b.set("vllm", {"apiKeySecretRef": {"name": "vllm-key", "key": "k"}})
-    _, objs = render(b)
+    _, objs = render(b, HYPERDISK)
     tmpl, c = container(objs["Deployment"])
     assert "--model=google/gemma-4-31B-it" in c["args"] and not any("key" in a for a in c["args"])
     assert {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "vllm-key", "key": "k"}}} in c["env"]
@@ -69,6 +72,30 @@ def test_api_key_and_hf_token_come_from_secrets():
     probe = c["readinessProbe"]["exec"]["command"][2]
     assert "/v1/models" in probe and "VLLM_API_KEY" in probe, "with a key, the probe presents it"
     assert "volumes" not in str(tmpl["metadata"]["annotations"]) and "gke-gcsfuse/volumes" not in tmpl["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("topology", ["2x4", "4x4"])  # a Deployment pod; every host of a LeaderWorkerSet group
+def test_an_hf_model_is_downloaded_onto_a_disk_sized_for_it(topology):
+    """vLLM downloads an hfRepo model (58.25 GB for the 31B release) before loading it. On the
+    node's boot disk (100 GB by default on GKE, about 43Gi allocatable) that download fills it,
+    and the kubelet evicts the pod under disk pressure (Kubernetes docs, "Node-pressure
+    Eviction": nodefs.available); each host gets a volume sized from the model instead."""
+    b = serve("s").tpu("v6e", topology).set("model", {"hfRepo": "google/gemma-4-31B-it"})
+    p, objs = render(b, HYPERDISK)
+    assert "download:      62Gi on a volume claimed with the pod at /staging" in explain.as_text(p)
+    workload = objs.get("Deployment") or objs["LeaderWorkerSet"]
+    for role in ("leaderTemplate", "workerTemplate") if topology == "4x4" else ("leaderTemplate",):
+        tmpl, c = container(workload, role)
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        mount = next(m for m in c["volumeMounts"] if env["HF_HOME"].startswith(m["mountPath"] + "/"))
+        volume = next(v for v in tmpl["spec"]["volumes"] if v["name"] == mount["name"])
+        claim = volume["ephemeral"]["volumeClaimTemplate"]["spec"]
+        assert claim["storageClassName"] == "hd-balanced"
+        assert float(claim["resources"]["requests"]["storage"].removesuffix("Gi")) * 2**30 > 58.25e9
+    with pytest.raises(SpecError, match="training_host.staging_storage_classes.v6e"):
+        render(b)
+    tmpl, c = container(render(serve("s"), fine_tune_preset="gemma4-31b")[1]["Deployment"])
+    assert "ephemeral" not in str(tmpl["spec"]["volumes"]), "a gs:// model is read through its mount"
 
 
 def test_local_path_on_a_volume_claim():
@@ -119,7 +146,7 @@ def test_multi_host_v6e_is_a_leader_worker_set():
     assert leader["resources"]["limits"]["google.com/tpu"] == "4" == worker["resources"]["limits"]["google.com/tpu"]
     script = leader["command"][2]
     launcher = "bash /workspace/vllm/examples/online_serving/multi-node-serving.sh"
-    assert f"{launcher} leader --ray_cluster_size=$(LWS_GROUP_SIZE) ||" in script
+    assert f"{launcher} leader --ray_cluster_size=$(LWS_GROUP_SIZE) --ray_init_timeout=914 ||" in script
     served = shlex.split(script.split("; exec ", 1)[1])
     assert served[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert "--tensor-parallel-size=16" in served and "--distributed-executor-backend=ray" in served
@@ -127,6 +154,19 @@ def test_multi_host_v6e_is_a_leader_worker_set():
     assert tmpl["leaderTemplate"]["spec"]["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
     assert objs["Service"]["spec"]["selector"]["gemma-tpu.dev/role"] == "leader"
     assert tmpl["leaderTemplate"]["metadata"]["labels"]["gemma-tpu.dev/role"] == "leader"
+
+
+def test_each_multi_host_group_is_scheduled_into_one_slice():
+    """A multi-host TPU node pool is one slice, and a group's hosts must share its interconnect.
+    LWS pins a group's workers to its leader's node pool, and gives each group a pool of its own,
+    only when the LeaderWorkerSet carries the exclusive-topology annotation (kubernetes-sigs/lws
+    pkg/controllers/pod_controller.go: worker node selectors; pkg/webhooks/pod_webhook.go:
+    SetExclusiveAffinities). Without it the 4 hosts of a replica may straddle two 4x4 slices."""
+    _, objs = render(serve("big").tpu("v6e", "4x4").set("replicas", 2), fine_tune_preset="gemma4-31b")
+    annotations = objs["LeaderWorkerSet"]["metadata"]["annotations"]
+    assert annotations["leaderworkerset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
+    _, objs = render(serve("small"), fine_tune_preset="gemma4-31b")
+    assert "annotations" not in objs["Deployment"]["metadata"], "one host per replica: nothing to keep together"
 
 
 def test_autoscaling_and_pod_monitor():

@@ -69,6 +69,23 @@ def test_a_missing_ray_launcher_fails_the_pod_with_a_message(tmp_path):
         assert c[role]["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
+def test_the_ray_launcher_waits_for_the_slice_as_long_as_the_startup_probe(tmp_path):
+    """vLLM's multi-node-serving.sh gives up after ray_init_timeout, 300 s unless told otherwise
+    (vllm examples/online_serving/ and examples/ray_serving/multi-node-serving.sh): the leader
+    exits while workers still pull the image or wait for their nodes, and the group restarts
+    forever. Each role passes the startup budget as --ray_init_timeout."""
+    script, calls = tmp_path / "multi-node-serving.sh", tmp_path / "calls"
+    script.write_text(f'echo "$@" >> {calls}\n')
+    settings = OperatorSettings(images=Images(serving_tpu_ray_script=str(script)))
+    c = containers(workload(serve("s").tpu("v6e", "4x4"), settings, fine_tune_preset="gemma4-31b"))
+    probe = c["leader"]["startupProbe"]
+    budget = probe["periodSeconds"] * probe["failureThreshold"]
+    run_as_kubelet(c["worker"], {"LWS_LEADER_ADDRESS": "s-vllm-0.s-vllm"})
+    (worker_args,) = calls.read_text().splitlines()
+    timeout = re.fullmatch(r"worker --ray_address=s-vllm-0\.s-vllm --ray_init_timeout=(\d+)", worker_args)
+    assert timeout and int(timeout.group(1)) >= budget > 300
+
+
 @pytest.mark.parametrize("launcher_exit", [0, 3])
 def test_the_leader_starts_vllm_only_once_ray_is_up(tmp_path, launcher_exit):
     script, calls = tmp_path / "multi-node-serving.sh", tmp_path / "calls"
@@ -78,7 +95,7 @@ def test_the_leader_starts_vllm_only_once_ray_is_up(tmp_path, launcher_exit):
     leader = dict(c["leader"], command=[*c["leader"]["command"][:2],
                                         c["leader"]["command"][2].replace("exec python3 -m", "exec echo STARTED")])
     result = run_as_kubelet(leader, {"LWS_GROUP_SIZE": "4"})
-    assert calls.read_text() == "leader --ray_cluster_size=4\n"
+    assert calls.read_text() == "leader --ray_cluster_size=4 --ray_init_timeout=914\n"
     if launcher_exit:
         assert result.returncode == 1 and "STARTED" not in result.stdout and "did not form" in result.stderr
     else:

@@ -7,6 +7,7 @@ from typing import Any
 
 from gemma_operator import api
 from gemma_operator.host import STAGING_DIR, HostPlan
+from gemma_operator.mounts import SHM_DIR
 from gemma_operator.plan import CONFIG_DIR
 from gemma_operator.settings import OperatorSettings
 
@@ -96,7 +97,7 @@ def shm_volume(size_limit: str | None = None) -> tuple[dict, dict]:
     """JAX and vLLM use /dev/shm; the container default (64 MiB) is too small. Its files count
     against the container's memory limit, hence the optional bound."""
     empty_dir = {"medium": "Memory", **({"sizeLimit": size_limit} if size_limit else {})}
-    return {"name": "dshm", "emptyDir": empty_dir}, {"name": "dshm", "mountPath": "/dev/shm"}
+    return {"name": "dshm", "emptyDir": empty_dir}, {"name": "dshm", "mountPath": SHM_DIR}
 
 
 def storage_volume(storage: api.Storage | None) -> tuple[list[dict], list[dict]]:
@@ -106,11 +107,9 @@ def storage_volume(storage: api.Storage | None) -> tuple[list[dict], list[dict]]
     return [volume], [{"name": "storage", "mountPath": storage.mount_path}]
 
 
-def staging_volume(
-    host: HostPlan | None, labels_: dict[str, str], settings: OperatorSettings
-) -> tuple[list[dict], list[dict]]:
+def staging_volume(host: HostPlan | None, labels_: dict[str, str]) -> tuple[list[dict], list[dict]]:
     """A disk for a gs:// or hf:// model, sized from it: a volume claimed with the pod (deleted
-    with it), or the node's disk; never memory."""
+    with it, of the plan's StorageClass), or the node's disk; never memory."""
     if host is None or host.staging_size is None:
         return [], []
     if host.staging_volume == "emptyDir":
@@ -119,8 +118,8 @@ def staging_volume(
         claim: dict[str, Any] = {
             "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": host.staging_size}},
         }  # fmt: skip
-        if settings.training_host.staging_storage_class:
-            claim["storageClassName"] = settings.training_host.staging_storage_class
+        if host.storage_class:
+            claim["storageClassName"] = host.storage_class
         source = {"ephemeral": {"volumeClaimTemplate": {"metadata": {"labels": dict(labels_)}, "spec": claim}}}
     return [{"name": "staging", **source}], [{"name": "staging", "mountPath": STAGING_DIR}]
 

@@ -5,6 +5,7 @@ is sized from the model (see plan._merge_memory_gib), not from the model's full 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from gemma_operator import api
@@ -63,8 +64,11 @@ def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> d
     memory = f"{plan.merge_memory_gib}Gi"
     fuse_volumes, fuse_mounts, annotations = _output_mount(plan, settings)
     # An hf:// base is downloaded before it is read, onto a disk sized for it; gs:// is read in place.
-    staged = plan.host if plan.merge.base_model_path.startswith("hf://") else None
-    staging_volumes, staging_mounts = common.staging_volume(staged, _labels(plan), settings)
+    # The merge runs on CPU nodes, not on the slice: the general staging StorageClass applies.
+    staged = None
+    if plan.host and plan.merge.base_model_path.startswith("hf://"):
+        staged = replace(plan.host, storage_class=settings.training_host.staging_storage_class)
+    staging_volumes, staging_mounts = common.staging_volume(staged, _labels(plan))
     env = common.env_list(staged.env if staged else {})
     if plan.spec.model.hf_token_secret_ref:
         env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))

@@ -18,11 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gemma_operator.mounts import MODEL_MOUNT, XLA_CACHE_MOUNT
 from gemma_operator.plan import ServePlan, digest
 
 GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
-MODEL_MOUNT = "/models/model"
-XLA_CACHE_MOUNT = "/xla-cache"
 # The driver uses a volume of this name, when the pod has one, for its file cache.
 FUSE_CACHE_VOLUME = "gke-gcsfuse-cache"
 

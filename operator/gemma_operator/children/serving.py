@@ -16,6 +16,7 @@ from gemma_operator import api, tpu
 from gemma_operator.children import common
 from gemma_operator.children.model_delivery import delivery
 from gemma_operator.children.vllm import API_KEY_ENV, VllmLaunch, vllm_container
+from gemma_operator.mounts import CACHE_DIR, TMP_DIR
 from gemma_operator.plan import ServePlan
 from gemma_operator.settings import OperatorSettings
 
@@ -24,7 +25,10 @@ PORT = 8000
 REVISION_ANNOTATION = f"{common.PREFIX}/revision"
 MODEL_ANNOTATION = f"{common.PREFIX}/model-uri"
 ROLE_LABEL = f"{common.PREFIX}/role"
-CACHE_DIR = "/cache"
+# A multi-host TPU node pool is one slice, and the chips of a group must be one slice: LWS then
+# schedules each group into a node pool of its own (kubernetes-sigs/lws: api/leaderworkerset/v1
+# ExclusiveKeyAnnotationKey; its docs give cloud.google.com/gke-nodepool as the example key).
+EXCLUSIVE_TOPOLOGY = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 
 
 # A LeaderWorkerSet's groups are StatefulSets `<lws>-<group>` whose pods are `<lws>-<group>-<index>`
@@ -73,7 +77,11 @@ MULTIHOST_ENV = {"TPU_MULTIHOST_BACKEND": "ray"}
 def ray_command(script: str, role_args: str, then: list[str] | None = None) -> list[str]:
     """Run the image's Ray launcher: a worker becomes it, a leader runs it to form the cluster and
     then becomes vLLM. A missing script, or a leader's failed launch, ends the container with a
-    message saying which (the termination message falls back to the log)."""
+    message saying which (the termination message falls back to the log).
+
+    The launcher gives up after --ray_init_timeout, 300 s by default (vllm examples
+    online_serving/ and ray_serving/multi-node-serving.sh): less than a slice takes to come up
+    when its nodes are provisioned or its image pulled, so the roles pass the startup budget."""
     q = shlex.quote(script)
     missing = shlex.quote(f"gemma-tpu: the Ray launcher {script} is not in this image; set "
                           "images.serving_tpu_ray_script to where the serving image has multi-node-serving.sh")
@@ -97,9 +105,9 @@ def _resources(plan: ServePlan, settings: OperatorSettings) -> dict[str, Any]:
     r = settings.resources
     if plan.placement.slice is None:
         return {"requests": {"cpu": r.cpu_profile_cpu, "memory": r.cpu_profile_memory}, "limits": {"memory": r.cpu_profile_memory}}
-    chips = str(plan.placement.chips_per_host)
-    return {"requests": {"cpu": r.serving_cpu, "memory": r.serving_memory, tpu.TPU_RESOURCE: chips},
-            "limits": {"memory": r.serving_memory, tpu.TPU_RESOURCE: chips}}  # fmt: skip
+    amounts = {"memory": r.serving_memory, tpu.TPU_RESOURCE: str(plan.placement.chips_per_host),
+               **common.staging_storage(plan.staging)}  # fmt: skip
+    return {"requests": {"cpu": r.serving_cpu, **amounts}, "limits": amounts}
 
 
 def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, Any]:
@@ -109,10 +117,12 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
     keyed = plan.spec.vllm.api_key_secret_ref is not None
     shm, shm_mount = common.shm_volume()
     store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
+    staging_volumes, staging_mounts = common.staging_volume(plan.staging, _labels(plan))
     env += model.env
     if plan.multi_host:
         env += common.env_list(MULTIHOST_ENV)
-    env += common.env_list({"HOME": CACHE_DIR, "XDG_CACHE_HOME": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/huggingface"})
+    caches = {"HOME": CACHE_DIR, "XDG_CACHE_HOME": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/huggingface"}
+    env += common.env_list({**caches, **(plan.staging.env if plan.staging else {})})
     if plan.spec.model.hf_token_secret_ref:
         env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
     container: dict[str, Any] = {
@@ -120,18 +130,19 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
         "image": plan.image,
         "env": env,
         "resources": _resources(plan, settings),
-        "volumeMounts": [*model.mounts, shm_mount, *store_mounts,
-                         {"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [*model.mounts, shm_mount, *staging_mounts, *store_mounts,
+                         {"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": TMP_DIR}],
         "securityContext": {**common.RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True},
     }  # fmt: skip
-    script = settings.images.serving_tpu_ray_script
+    script, wait = settings.images.serving_tpu_ray_script, f"--ray_init_timeout={plan.startup_seconds}"
     if plan.multi_host:
         container["terminationMessagePolicy"] = "FallbackToLogsOnError"
     if role == "worker":
-        container["command"] = ray_command(script, "worker --ray_address=$(LWS_LEADER_ADDRESS)")
+        container["command"] = ray_command(script, f"worker --ray_address=$(LWS_LEADER_ADDRESS) {wait}")
     else:
         if role == "leader":
-            container["command"] = ray_command(script, "leader --ray_cluster_size=$(LWS_GROUP_SIZE)", command + args)
+            role_args = f"leader --ray_cluster_size=$(LWS_GROUP_SIZE) {wait}"
+            container["command"] = ray_command(script, role_args, command + args)
         else:
             container["command"], container["args"] = command, args
         budget = plan.startup_seconds
@@ -139,7 +150,8 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
         container["startupProbe"] = {**_probe("/v1/models", keyed), "periodSeconds": 10, "failureThreshold": budget // 10, "timeoutSeconds": 5}
         container["readinessProbe"] = {**_probe("/v1/models", keyed), "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 5}
         container["livenessProbe"] = {**_probe("/health", keyed), "periodSeconds": 30, "failureThreshold": 5, "timeoutSeconds": 5}
-    volumes = [*model.volumes, shm, *store_volumes, {"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
+    volumes = [*model.volumes, shm, *staging_volumes, *store_volumes,
+               {"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
     spec = common.place({"containers": [container], "volumes": volumes,
                          "automountServiceAccountToken": False,  # vLLM needs no Kubernetes API
                          "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}},
@@ -175,6 +187,7 @@ def workload(plan: ServePlan, settings: OperatorSettings, owner: dict | None) ->
                 "template": _pod(plan, settings, "server"),
             },
         }  # fmt: skip
+    meta["annotations"] = {EXCLUSIVE_TOPOLOGY: tpu.NODE_POOL_LABEL}
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",

@@ -67,7 +67,7 @@ def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name
     cfg_volume, cfg_mount = common.config_volume(config_map_name)
     shm, shm_mount = common.shm_volume(host.SHM_SIZE if plan.host else None)
     store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
-    staging_volumes, staging_mounts = common.staging_volume(plan.host, _labels(plan), settings)
+    staging_volumes, staging_mounts = common.staging_volume(plan.host, _labels(plan))
     env = common.env_list({**(plan.host.env if plan.host else {}), **settings.training_env})
     if plan.spec.model.hf_token_secret_ref:
         env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
@@ -80,7 +80,8 @@ def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name
         "volumeMounts": [cfg_mount, shm_mount, *staging_mounts, *store_mounts],
         # A crash without a result still tells the operator why, from the log's tail.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {"allowPrivilegeEscalation": False},
+        # Pod Security Standards, "restricted": all capabilities dropped (the trainer's user has none).
+        "securityContext": dict(common.RESTRICTED_CONTAINER),
     }
     if plan.multi_host:
         container["ports"] = [{"containerPort": JAX_COORDINATOR_PORT, "name": "jax"}]
