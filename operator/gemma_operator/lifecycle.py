@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gemma_operator.health import kstatus_conditions
 from gemma_operator.status import set_condition
 
 
@@ -39,8 +40,9 @@ def set_cond(view: ResourceView, st: dict, type_: str, value: bool, reason: str,
 
 
 def decide_with(view: ResourceView, advance: Callable[[Decision], None], invalid: Callable[[dict, str], None]) -> Decision:
-    """observedGeneration, the InvalidSpec condition, the lifecycle's own step, and an Event
-    (Warning when Failed) whenever the phase changes."""
+    """observedGeneration, the InvalidSpec condition, the lifecycle's own step, the Ready,
+    Reconciling and Stalled conditions that follow from it, and an Event (Warning when Failed)
+    whenever the phase changes."""
     st = copy.deepcopy(view.status or {})
     d = Decision(st)
     before = st.get("phase")
@@ -52,6 +54,8 @@ def decide_with(view: ResourceView, advance: Callable[[Decision], None], invalid
     else:
         set_cond(view, st, "InvalidSpec", False, "Valid", "")
         advance(d)
+    for type_, value, reason, message in kstatus_conditions(st):
+        set_cond(view, st, type_, value, reason, message)
     if st.get("phase") != before or not before:
         kind = "Warning" if st["phase"] == "Failed" else "Normal"
         d.events.append((kind, st["phase"], st.get("message") or st["phase"]))
