@@ -34,7 +34,8 @@ def main() -> None:
         if phase != "-":
             print(f"{name:<34} {phase:<16} {seconds:8.1f}")
     print(f"{'apply -> served answer':<51} {out.total_seconds:8.1f}")
-    print(f"answer: {out.answer!r}")
+    right = sum(a.correct for a in out.answers)
+    print(f"answers of the fine-tuned model right: {right}/{len(out.answers)}")
 
 
 if __name__ == "__main__":

@@ -106,7 +106,8 @@ def _waiting(v: ServeView) -> tuple[str, str]:
     ft = v.fine_tune.get("status") or {}
     phase = ft.get("phase") or "Pending"
     reason = "FineTuneFailed" if phase == "Failed" else "FineTuneNotReady"
-    detail = f": {ft['message']}" if ft.get("message") else ""
+    # Only a failure's message: its progress would rewrite this status at every training step.
+    detail = f": {ft['message']}" if ft.get("message") and phase == "Failed" else ""
     return reason, f"waiting for GemmaFineTune {v.fine_tune_name} ({phase}{detail})"
 
 
