@@ -117,7 +117,7 @@ def _ask_all(tuned: tuple[int, dict], base: tuple[int | None, dict | None]) -> l
 
 def _print_answers(answers: list[Answer]) -> None:
     for a in answers:
-        base = repr(a.base)[:48] if a.base is not None else "(not served)"  # quoted: it may be all newlines
+        base = " ".join((a.base or "").split())[:60] or (f"({len(a.base)} blank characters, no words)" if a.base else "(no answer)")
         print(f"\n> {a.question}\n  base model   {base}\n  fine-tuned   {a.fine_tuned.strip()}"
               f"{'' if a.correct else '   (expected: ' + a.expected + ')'}", flush=True)  # fmt: skip
     print(f"\n{sum(a.correct for a in answers)}/{len(answers)} answers of the fine-tuned model are right", flush=True)
@@ -251,7 +251,8 @@ async def _crash_loop(kube: Kube) -> str | None:
 def _summary(out: Outcome, url: str) -> None:
     print("\nwall time per phase:", flush=True)
     for name, phase, seconds in out.phases:
-        print(f"  {name:<34} {phase:<16} {seconds:6.1f} s")
+        if phase != "-":  # before the operator's first status
+            print(f"  {name:<34} {phase:<16} {seconds:6.1f} s")
     print(f"  {'apply -> served answer':<51} {out.total_seconds:6.1f} s")
     st = (out.fine_tune or {}).get("status") or {}
     outputs = st.get("outputs") or {}
