@@ -253,7 +253,7 @@ def _summary(out: Outcome, url: str) -> None:
     for name, phase, seconds in out.phases:
         if phase != "-":  # before the operator's first status
             print(f"  {name:<34} {phase:<16} {seconds:6.1f} s")
-    print(f"  {'apply -> served answer':<51} {out.total_seconds:6.1f} s")
+    print(f"  {'apply -> served answers':<51} {out.total_seconds:6.1f} s")
     st = (out.fine_tune or {}).get("status") or {}
     outputs = st.get("outputs") or {}
     local = lambda p: p.replace("/data", str(out.data_dir), 1) if p and p.startswith("/data") else p  # noqa: E731
