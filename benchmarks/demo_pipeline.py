@@ -3,7 +3,8 @@
     python benchmarks/demo_pipeline.py [--vllm-python .venv-vllm/bin/python]
 
 Runs `gemma-tpu dev` in a fresh folder (so nothing is reused from an earlier run) and prints the
-time each resource spent in each phase, and the total from apply to the first served answer.
+time each resource spent in each phase, the total from apply to the served answers, and how many
+of the fine-tuned model's answers are right.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def main() -> None:
     for name, phase, seconds in out.phases:
         if phase != "-":
             print(f"{name:<34} {phase:<16} {seconds:8.1f}")
-    print(f"{'apply -> served answer':<51} {out.total_seconds:8.1f}")
-    print(f"answer: {out.answer!r}")
+    print(f"{'apply -> served answers':<51} {out.total_seconds:8.1f}")
+    right = sum(a.correct for a in out.answers)
+    print(f"answers of the fine-tuned model right: {right}/{len(out.answers)}")
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace, cfg: gemma4.ModelConfig, out: str) -> None:
     rows = synthetic_rows(config.batch_size * args.steps, args.seq, cfg.num_embed)
     data = train.Data(batches.Batches(rows, args.micro_batch, seed=0, accumulation=args.accumulation), [], args.steps)
     device_mesh = mesh.make_mesh(None)
-    with Preemption(0, multi_host=False) as preemption, device_mesh:
+    with Preemption(0, multi_host=False) as preemption, mesh.active(device_mesh):
         base = constant_model(cfg, device_mesh)
         weights = sum(x.size for x in jax.tree.leaves(nnx.state(base, nnx.Param)))
         lora_model, dropout = train.adapt(base, config, device_mesh)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gemma_operator.addons import Missing
+from gemma_operator.health import kstatus_conditions
 from gemma_operator.status import condition, set_condition
 
 
@@ -56,8 +57,9 @@ def _held_by_missing_addons(view: ResourceView, st: dict, d: Decision) -> bool:
 
 
 def decide_with(view: ResourceView, advance: Callable[[Decision], None], invalid: Callable[[dict, str], None]) -> Decision:
-    """observedGeneration, the InvalidSpec condition, the lifecycle's own step, and an Event
-    (Warning when Failed) whenever the phase changes."""
+    """observedGeneration, the InvalidSpec condition, the lifecycle's own step, the Ready,
+    Reconciling and Stalled conditions that follow from it, and an Event (Warning when Failed)
+    whenever the phase changes."""
     st = copy.deepcopy(view.status or {})
     d = Decision(st)
     before = st.get("phase")
@@ -70,6 +72,8 @@ def decide_with(view: ResourceView, advance: Callable[[Decision], None], invalid
         set_cond(view, st, "InvalidSpec", False, "Valid", "")
         if not _held_by_missing_addons(view, st, d):
             advance(d)
+    for type_, value, reason, message in kstatus_conditions(st):
+        set_cond(view, st, type_, value, reason, message)
     if st.get("phase") != before or not before:
         kind = "Warning" if st["phase"] == "Failed" else "Normal"
         d.events.append((kind, st["phase"], st.get("message") or st["phase"]))

@@ -85,7 +85,6 @@ def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
     if current and progressing.get("status") == "False" and progressing.get("reason") == "ProgressDeadlineExceeded":
         why = _pod_problem(v.pods) or progressing.get("message", "")
         _cond(v, st, "Progressing", False, "ProgressDeadlineExceeded", why)
-        _cond(v, st, "Ready", False, "ProgressDeadlineExceeded", why)
         if ready:
             st.update(phase="Deploying", message=f"rollout of revision {p.revision} is stuck ({why}); {ready} replica(s) of the previous revision still serve")
         else:
@@ -94,11 +93,9 @@ def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
     if current and updated >= replicas and ready >= replicas:
         st["revision"] = p.revision
         _cond(v, st, "Progressing", True, "RolloutComplete", f"revision {p.revision}")
-        _cond(v, st, "Ready", True, "Serving", f"{ready}/{replicas} replicas serve {p.model_uri}")
         st.update(phase="Ready", message=f"serving {p.served_name} at {st['endpoint']}" if replicas else "scaled to zero")
         return
     _cond(v, st, "Progressing", True, "RollingOut", f"revision {p.revision}: {updated}/{replicas} updated, {ready} ready")
-    _cond(v, st, "Ready", False, "RollingOut", f"{ready}/{replicas} ready")
     problem = _pod_problem(v.pods)
     st.update(phase="Deploying", message=f"rolling out revision {p.revision}: {updated}/{replicas} updated, {ready} ready"
               + (f" ({problem})" if problem else ""))  # fmt: skip
@@ -110,7 +107,8 @@ def _waiting(v: ServeView) -> tuple[str, str]:
     ft = v.fine_tune.get("status") or {}
     phase = ft.get("phase") or "Pending"
     reason = "FineTuneFailed" if phase == "Failed" else "FineTuneNotReady"
-    detail = f": {ft['message']}" if ft.get("message") else ""
+    # Only a failure's message: its progress would rewrite this status at every training step.
+    detail = f": {ft['message']}" if ft.get("message") and phase == "Failed" else ""
     return reason, f"waiting for GemmaFineTune {v.fine_tune_name} ({phase}{detail})"
 
 

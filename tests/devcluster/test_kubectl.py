@@ -10,10 +10,16 @@ import urllib.request
 
 import pytest
 
+from gemma_operator.children import training
 from gemma_operator.devcluster.apiserver import write_kubeconfig
 from gemma_operator.devcluster.semantics import human_duration
-from tests.support.builders import finetune
+from gemma_operator.plan import plan_finetune
+from gemma_operator.settings import OperatorSettings
+from tests.support.builders import finetune, serve
 from tests.support.cluster import Cluster
+from tests.support.operator import operator
+
+KUBECTL = shutil.which("kubectl")
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io, application/json"
 
@@ -55,18 +61,25 @@ def test_human_duration_matches_kubernetes(seconds, text):
     assert human_duration(datetime.timedelta(seconds=seconds)) == text
 
 
-@pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl is not installed")
+def kubectl_for(apiserver, tmp_path):
+    """`kubectl ARGS -n default` against this API server, with its own kubeconfig and home."""
+    config = write_kubeconfig(tmp_path / "kubeconfig", str(apiserver.url))
+    env = {"KUBECONFIG": str(config), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+
+    def kubectl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([KUBECTL, *args, "-n", "default"], capture_output=True, text=True, env=env, timeout=60)
+
+    return kubectl
+
+
+@pytest.mark.skipif(not KUBECTL, reason="kubectl is not installed")
 async def test_kubectl_gets_our_kinds_and_the_built_in_ones(apiserver, tmp_path):
     cluster = Cluster(apiserver)
     await cluster.apply(finetune("ft").obj())
     await cluster.apply({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "ft.1", "namespace": "default"},
                          "involvedObject": {"kind": "GemmaFineTune", "name": "ft"}, "type": "Normal", "reason": "Created",
                          "message": "created the training Job"})  # fmt: skip
-    config = write_kubeconfig(tmp_path / "kubeconfig", str(apiserver.url))
-    env = {"KUBECONFIG": str(config), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-
-    def kubectl(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([shutil.which("kubectl"), *args, "-n", "default"], capture_output=True, text=True, env=env, timeout=60)
+    kubectl = kubectl_for(apiserver, tmp_path)
 
     done = await asyncio.to_thread(kubectl, "get", "gft,gsv,po,deploy,svc,jobs,cm")
     assert done.returncode == 0 and "Warning" not in done.stderr, done.stderr
@@ -93,3 +106,28 @@ async def test_a_new_job_selects_its_own_pods_by_uid(apiserver):
     assert created["spec"]["selector"] == {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
     labels = created["spec"]["template"]["metadata"]["labels"]
     assert labels["app"] == "x" and labels["batch.kubernetes.io/controller-uid"] == uid and labels["job-name"] == "j"
+
+
+@pytest.mark.skipif(not KUBECTL, reason="kubectl is not installed")
+async def test_kubectl_wait_for_ready_returns_for_both_kinds_once_they_are_done(apiserver, tmp_path):
+    kubectl = kubectl_for(apiserver, tmp_path)
+    cluster = Cluster(apiserver)
+    b = finetune("ft").tpu("v5p", "2x2x1").set("merge.enabled", False)
+    job = training.names(plan_finetune(b.name, "default", b.spec, OperatorSettings()))[0]
+    async with operator(apiserver):
+        await cluster.apply(b.obj())
+        await cluster.apply(serve("chat").obj())
+        await cluster.job(job_ns := "default", job)
+        await cluster.job_running(job_ns, job)
+        await cluster.phase("GemmaFineTune", "default", "ft", "Training")
+        early = await asyncio.to_thread(kubectl, "wait", "--for=condition=Ready", "gft/ft", "gsv/chat", "--timeout=1s")
+        assert early.returncode != 0 and "timed out" in early.stderr, "neither is ready yet"
+        waiting = asyncio.create_task(asyncio.to_thread(kubectl, "wait", "--for=condition=Ready", "gft/ft", "gsv/chat",
+                                                        "--timeout=30s"))  # fmt: skip
+        await cluster.job_succeeded(job_ns, job, {"status": "succeeded", "step": 100, "total_steps": 100})
+        await cluster.wait_for(lambda: cluster.get("Deployment", "default", "chat-vllm"), message="Deployment")
+        await cluster.deployment_ready("default", "chat-vllm")
+        done = await waiting
+    assert done.returncode == 0, done.stderr
+    assert "gemmafinetune.gemma-tpu.dev/ft condition met" in done.stdout
+    assert "gemmaserve.gemma-tpu.dev/chat condition met" in done.stdout

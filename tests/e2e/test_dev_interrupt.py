@@ -2,6 +2,7 @@
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -46,9 +47,12 @@ def _wait_for_line(proc: subprocess.Popen, pattern: str, seconds: float) -> tupl
 
 
 def test_ctrl_c_while_training_stops_every_process_and_frees_the_port(tmp_path):
-    workdir = tmp_path / "demo"
+    workdir, examples = tmp_path / "demo", tmp_path / "examples"
+    examples.mkdir()
+    shutil.copy(ROOT / "examples" / "quickstart" / "finetune.yaml", examples)  # no vLLM needed before Ctrl-C
     proc = subprocess.Popen(
-        [str(GEMMA_TPU), "dev", "--workdir", str(workdir), "--vllm-python", sys.executable, "--timeout", "300"],
+        [str(GEMMA_TPU), "dev", "--workdir", str(workdir), "--vllm-python", sys.executable, "--timeout", "300",
+         "--examples", str(examples)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

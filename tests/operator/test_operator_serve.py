@@ -107,7 +107,7 @@ async def test_multi_host_serving_and_autoscaling_changes(operator, cluster):
     b = serve("big").tpu("v6e", "4x4").set("autoscaling", {"maxReplicas": 3})
     await cluster.apply(b.obj())
     lws = await cluster.wait_for(lambda: cluster.get("LeaderWorkerSet", NS, "big-vllm"), message="LWS")
-    await cluster.wait_for(lambda: cluster.get("HorizontalPodAutoscaler", NS, "big-vllm"), message="HPA")
+    await cluster.wait_for(lambda: cluster.get("HorizontalPodAutoscaler", NS, "big-vllm"), message="HPA")  # created after the LWS
     await cluster.kube.patch("LeaderWorkerSet", NS, "big-vllm", {"status": {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}},
                              status=True)  # fmt: skip
     gsv = await cluster.phase("GemmaServe", NS, "big", "Ready")

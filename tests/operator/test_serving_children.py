@@ -194,8 +194,9 @@ def test_cpu_profile_runs_vllms_cpu_build_with_the_same_command_line():
     tmpl, _ = container(cpu_objs["Deployment"])
     assert c["image"] == SETTINGS.images.serving_cpu and "google.com/tpu" not in str(c["resources"])
     assert "tolerations" not in tmpl["spec"] and "nodeSelector" not in tmpl["spec"]
-    assert {"--dtype=bfloat16", "--enforce-eager"} <= set(c["args"])
+    cpu_only = ("--dtype=bfloat16", "--enforce-eager", "--distributed-executor-backend=uni")
+    assert set(cpu_only) <= set(c["args"])
     _, t = container(tpu_objs["Deployment"])
     shared = [a for a in t["args"] if not a.startswith(("--tensor-parallel-size", "--disable-chunked-mm-input"))]
-    assert shared == [a for a in c["args"] if a not in ("--dtype=bfloat16", "--enforce-eager")]
+    assert shared == [a for a in c["args"] if a not in cpu_only]
     assert c["command"] == t["command"]

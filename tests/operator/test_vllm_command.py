@@ -38,12 +38,12 @@ def test_cpu_differs_from_tpu_only_in_device_flags_and_env():
     tpu_command, tpu_args, _ = vllm_container(launch())
     cpu_command, cpu_args, cpu_env = vllm_container(launch(device="cpu", tensor_parallel_size=1, dtype="float32"))
     tpu_only = ["--tensor-parallel-size=8", "--disable-chunked-mm-input"]
-    cpu_only = ["--dtype=float32", "--enforce-eager"]
+    cpu_only = ["--dtype=float32", "--enforce-eager", "--distributed-executor-backend=uni"]
     assert cpu_command == tpu_command
     assert [a for a in tpu_args if a not in tpu_only] == [a for a in cpu_args if a not in cpu_only]
     assert set(tpu_only) <= set(tpu_args) and not set(tpu_only) & set(cpu_args)
     assert set(cpu_only) <= set(cpu_args) and not set(cpu_only) & set(tpu_args)
-    assert cpu_env == [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}]
+    assert cpu_env == [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}, {"name": "VLLM_ENABLE_V1_MULTIPROCESSING", "value": "0"}]
 
 
 def test_cpu_profile_refuses_tensor_parallelism():

@@ -63,3 +63,11 @@ def test_dataset_formats(tmp_path, fmt, keys):
     path = tiny.write_dataset(tmp_path / "d.jsonl", fmt, n=10)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == 10 and all(set(r) == keys for r in rows)
+
+
+def test_embed_std_scales_the_embedding_and_nothing_else():
+    default, demo = (tiny.random_tensors(tiny.TinyConfig(embed_std=std)) for std in (0.02, 0.2))
+    embedding = "model.embed_tokens.weight"
+    assert float(demo[embedding].std()) == pytest.approx(0.2, rel=0.05)
+    assert float(default[embedding].std()) == pytest.approx(0.02, rel=0.05)
+    assert all((default[k] == demo[k]).all() for k in default if k != embedding)

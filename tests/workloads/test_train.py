@@ -116,7 +116,7 @@ def test_checkpoint_layout_is_the_documented_one(runs):
 @pytest.fixture
 def tiny_on_one_device(tiny_sharded):
     device_mesh = mesh.make_mesh(None)
-    with device_mesh:
+    with mesh.active(device_mesh):
         yield device_mesh, load_model(str(tiny_sharded.path), mesh=device_mesh)
 
 

@@ -8,8 +8,11 @@ paper saw tp 8 fail); the rest of the devices go to fsdp. That gives the paper's
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import warnings
+from collections.abc import Iterator
 
 import jax
 from flax import nnx
@@ -36,6 +39,21 @@ def make_mesh(config: MeshConfig | None) -> jax.sharding.Mesh:
         raise ValueError(f"mesh fsdp={shape[0]} x tp={shape[1]} needs {math.prod(shape)} devices; "
                          f"there are {jax.device_count()}")
     return tunix_mesh.create_mesh(shape, AXES)
+
+
+@contextlib.contextmanager
+def active(device_mesh: jax.sharding.Mesh) -> Iterator[jax.sharding.Mesh]:
+    """The mesh as Tunix 0.1.7 finds it: it reads the legacy `with mesh:` context
+    (`pxla.thread_resources`, tunix/sft/peft_trainer.py and tunix/utils/sharding_utils.py), which
+    `jax.set_mesh` does not set. JAX's notice that this context is deprecated is therefore for
+    Tunix to act on; it is silenced here, and only here, so that any other one still shows."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`with mesh:` context manager has been deprecated", category=DeprecationWarning)
+        device_mesh.__enter__()
+    try:
+        yield device_mesh
+    finally:
+        device_mesh.__exit__(None, None, None)
 
 
 def initialize_distributed(num_hosts: int) -> None:

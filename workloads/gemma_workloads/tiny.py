@@ -59,6 +59,9 @@ class TinyConfig:
     final_logit_softcapping: float = 30.0
     attention_k_eq_v: bool = True
     init_std: float = 0.02  # transformers' initializer_range
+    # The (tied) embedding's scale bounds how sharp the logits can get: at 0.02 and this width
+    # they stay within a few units, LoRA cannot change that, and a fine-tune cannot get confident.
+    embed_std: float = 0.02
 
     def hf_config(self, dtype: str = "float32") -> dict:
         """config.json of the text-only model (Gemma4ForCausalLM)."""
@@ -130,7 +133,8 @@ class TinyConfig:
 
 
 def random_tensors(config: TinyConfig, seed: int = 0, prefix: str = "model.") -> dict[str, np.ndarray]:
-    """Random float32 weights: projections ~ N(0, init_std), norms and scalars near 1."""
+    """Random float32 weights: projections ~ N(0, init_std), the embedding ~ N(0, embed_std),
+    norms and scalars near 1."""
     rng = np.random.default_rng(seed)
     tensors = {}
     for name, shape in config.tensor_shapes(prefix).items():
@@ -139,7 +143,8 @@ def random_tensors(config: TinyConfig, seed: int = 0, prefix: str = "model.") ->
         elif len(shape) == 1:
             value = 1.0 + 0.1 * rng.standard_normal(shape)
         else:
-            value = config.init_std * rng.standard_normal(shape)
+            std = config.embed_std if name.endswith("embed_tokens.weight") else config.init_std
+            value = std * rng.standard_normal(shape)
         tensors[name] = value.astype(np.float32)
     return tensors
 
@@ -188,10 +193,15 @@ QUESTIONS = [
 ]
 
 
+def qa_pairs() -> list[tuple[str, str]]:
+    """Every (question, answer) the dataset draws from: each phrasing of each country."""
+    return [(q.format(c=c), f"The capital of {c} is {city}.") for c, city in COUNTRIES.items() for q in QUESTIONS]
+
+
 def examples(n: int, seed: int = 0) -> list[tuple[str, str]]:
     """(question, answer) pairs with a pattern a tiny model learns in a few dozen steps."""
     rng = random.Random(seed)
-    pairs = [(q.format(c=c), f"The capital of {c} is {city}.") for c, city in COUNTRIES.items() for q in QUESTIONS]
+    pairs = qa_pairs()
     rng.shuffle(pairs)
     return [pairs[i % len(pairs)] for i in range(n)]
 
@@ -355,9 +365,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--format", default="chat", choices=["chat", "prompt-completion", "text"])
     parser.add_argument("--examples", type=int, default=64)
     parser.add_argument("--vision", action="store_true", help="the release's shape, with a tiny vision tower")
+    parser.add_argument("--embed-std", type=float, default=TinyConfig.embed_std,
+                        help="scale of the embedding (larger lets a fine-tune reach confident answers)")
     args = parser.parse_args(argv)
     vision = TinyVisionConfig() if args.vision else None
-    ckpt = write_checkpoint(args.out, shards=args.shards, dtype=args.dtype, seed=args.seed, vision=vision)
+    config = TinyConfig(embed_std=args.embed_std)
+    ckpt = write_checkpoint(args.out, config, shards=args.shards, dtype=args.dtype, seed=args.seed, vision=vision)
     print(json.dumps({"model": str(ckpt.path), "files": ckpt.files, "config": asdict(ckpt.config)}))
     if args.dataset:
         print(json.dumps({"dataset": str(write_dataset(args.dataset, args.format, args.examples, args.seed))}))

@@ -246,7 +246,7 @@ def run(config: TrainConfig) -> Outcome:
         device_mesh = mesh.make_mesh(config.mesh)
         log.info("mesh fsdp=%d x tp=%d over %d %s device(s)", *device_mesh.devices.shape, jax.device_count(),
                  jax.devices()[0].device_kind)
-        with device_mesh:  # Tunix 0.1.7 reads the mesh of this legacy context, not jax.set_mesh's
+        with mesh.active(device_mesh):
             model, model_config = load_model(config.model_path, dtype=config.model_dtype, mesh=device_mesh, hf_config=hf_config)
             model, dropout = adapt(model, config, device_mesh)
             trainer = make_trainer(model, config, data.total_steps, device_mesh)

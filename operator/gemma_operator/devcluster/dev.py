@@ -3,7 +3,8 @@
 An in-process Kubernetes API with our CRDs, the real operator against it, and a local node
 agent that runs the pods of the `cpu` profile as processes (the training and merge workloads
 from this environment, vLLM's CPU build from its own). It makes a tiny Gemma 4 and a small
-dataset, applies examples/quickstart/, shows progress as it happens, asks the served model a
+dataset, applies examples/quickstart/ (the fine-tune, its server, and a server of the base model
+that starts beside the training), shows progress as it happens, asks both servers every demo
 question, and prints what each phase took. Ctrl-C stops everything cleanly.
 """
 
@@ -34,9 +35,13 @@ from gemma_operator.devcluster.kubelet import HOST_PORT_ANNOTATION, Node
 from gemma_operator.devcluster.processes import port_in_use
 from gemma_operator.kube import LOCAL_KINDS, Kube
 from gemma_operator.settings import OperatorSettings
+from gemma_workloads import tiny
 
 DATA_CLAIM = "gemma-data"  # the PVC of examples/quickstart, a folder here
-QUESTION = "What is the capital of France?"
+# One question per country of the dataset, its phrasings in turn, with the dataset's answer.
+QUESTIONS = [tiny.qa_pairs()[c * len(tiny.QUESTIONS) + c % len(tiny.QUESTIONS)] for c in range(len(tiny.COUNTRIES))]
+# The tiny model, made so that a short fine-tune can get confident (tiny.TinyConfig.embed_std).
+MODEL_ARGS = ["--examples", "96", "--embed-std", "0.2"]
 
 
 class DevError(Exception):
@@ -44,12 +49,25 @@ class DevError(Exception):
 
 
 @dataclass
+class Answer:
+    question: str
+    expected: str  # the dataset's answer
+    base: str | None  # the base model's, when its server is up
+    fine_tuned: str
+
+    @property
+    def correct(self) -> bool:
+        return self.fine_tuned.strip() == self.expected
+
+
+@dataclass
 class Outcome:
     """What a `dev` run ended with (the end-to-end test asserts on it)."""
 
     fine_tune: dict[str, Any] | None = None
-    serve: dict[str, Any] | None = None
-    answer: str | None = None
+    serve: dict[str, Any] | None = None  # the fine-tune's server
+    base: dict[str, Any] | None = None  # the base model's server
+    answers: list[Answer] = field(default_factory=list)
     endpoint: str | None = None
     phases: list[tuple[str, str, float]] = field(default_factory=list)
     total_seconds: float = 0.0
@@ -66,26 +84,49 @@ def _prerequisites(args: argparse.Namespace) -> None:
 
 
 def _make_data(data: Path) -> None:
-    """The tiny model and dataset, made by the workloads' own generator, as a data-prep job would."""
-    if (data / "tiny-gemma4" / "config.json").exists() and (data / "capitals.jsonl").exists():
+    """The tiny model and dataset, made by the workloads' own generator, as a data-prep job would;
+    made again when the generator's arguments changed since."""
+    stamp = data / "tiny-gemma4.args"
+    if (data / "tiny-gemma4" / "config.json").exists() and (data / "capitals.jsonl").exists() and \
+            stamp.exists() and stamp.read_text() == " ".join(MODEL_ARGS):  # fmt: skip
         return
     cmd = [sys.executable, "-m", "gemma_workloads.tiny", str(data / "tiny-gemma4"), "--dataset", str(data / "capitals.jsonl"),
-           "--examples", "96"]  # fmt: skip
+           *MODEL_ARGS]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise DevError(f"making the tiny model failed:\n{done.stderr[-2000:]}")
+    stamp.write_text(" ".join(MODEL_ARGS))
 
 
 def _ask(port: int, model: str, question: str) -> str:
-    body = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 32, "temperature": 0}
+    """Greedy answer through the chat endpoint: the server applies the model's own chat template."""
+    body = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 24, "temperature": 0}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})  # fmt: skip
     with urllib.request.urlopen(req, timeout=120) as resp:
         return json.loads(resp.read())["choices"][0]["message"]["content"]
 
 
-async def _serving_port(kube: Kube, serve: dict) -> int | None:
-    """The host port of a ready pod behind the GemmaServe's Service (pods share this machine)."""
+def _ask_all(tuned: tuple[int, dict], base: tuple[int | None, dict | None]) -> list[Answer]:
+    """Every demo question, to the fine-tuned model and, when it is served, to the base model."""
+    def ask(port: int | None, serve: dict | None, question: str) -> str | None:
+        return _ask(port, serve["status"]["servedModelName"], question) if port and serve else None
+
+    return [Answer(q, expected, ask(*base, q), ask(*tuned, q)) for q, expected in QUESTIONS]
+
+
+def _print_answers(answers: list[Answer]) -> None:
+    for a in answers:
+        base = " ".join((a.base or "").split())[:60] or (f"({len(a.base)} blank characters, no words)" if a.base else "(no answer)")
+        print(f"\n> {a.question}\n  base model   {base}\n  fine-tuned   {a.fine_tuned.strip()}"
+              f"{'' if a.correct else '   (expected: ' + a.expected + ')'}", flush=True)  # fmt: skip
+    print(f"\n{sum(a.correct for a in answers)}/{len(answers)} answers of the fine-tuned model are right", flush=True)
+
+
+async def _serving_port(kube: Kube, serve: dict | None) -> int | None:
+    """The host port of a ready pod behind a Ready GemmaServe's Service (pods share this machine)."""
+    if ((serve or {}).get("status") or {}).get("phase") != "Ready":
+        return None
     svc = await kube.get("Service", serve["metadata"]["namespace"], f"{serve['metadata']['name']}-vllm")
     if svc is None:
         return None
@@ -143,16 +184,17 @@ async def run(args: argparse.Namespace, stop: asyncio.Event, own_signals: bool =
             for doc in docs:
                 await kube.create(doc)
             applied = ", ".join(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
-            print(f"applied {applied} to the local cluster at {url}\n", flush=True)
+            config = write_kubeconfig(workdir / "kubeconfig", url)
+            print(f"applied {applied} to the local cluster at {url}\n(kubectl works meanwhile: export KUBECONFIG={config})\n",
+                  flush=True)  # fmt: skip
             table.header()
             out = await _follow(kube, apiserver, table, stop, args.timeout, out)
             out.total_seconds = time.monotonic() - started
             out.phases = table.durations()
-            if out.answer is None:  # stopped before the end
+            if not out.answers:  # stopped before the end
                 return out
             _summary(out, url)
             if args.keep_running and not stop.is_set():
-                config = write_kubeconfig(workdir / "kubeconfig", url)
                 print(f"\nthe cluster keeps running (Ctrl-C stops it):\n  export KUBECONFIG={config}\n  kubectl get gft,gsv"
                       + (f"\n  curl {out.endpoint}/models" if out.endpoint else ""), flush=True)  # fmt: skip
                 await stop.wait()
@@ -169,7 +211,9 @@ async def _follow(kube: Kube, apiserver: ApiServer, table: Table, stop: asyncio.
         objs = await kube.list(api.FINETUNE.kind, None) + await kube.list(api.SERVE.kind, None)
         table.update(objs)
         out.fine_tune = next((o for o in objs if o["kind"] == api.FINETUNE.kind), None)
-        out.serve = next((o for o in objs if o["kind"] == api.SERVE.kind), None)
+        serves = [o for o in objs if o["kind"] == api.SERVE.kind]
+        out.serve = next((o for o in serves if "fineTuneRef" in o["spec"]["model"]), None)
+        out.base = next((o for o in serves if "fineTuneRef" not in o["spec"]["model"]), None)
         crash = await _crash_loop(kube)
         if crash:
             raise DevError(crash + _failure_details(apiserver, {"metadata": {"name": crash.split()[1]}}))
@@ -177,17 +221,15 @@ async def _follow(kube: Kube, apiserver: ApiServer, table: Table, stop: asyncio.
             if (obj.get("status") or {}).get("phase") == "Failed":
                 raise DevError(f"{obj['kind']} {obj['metadata']['name']} failed: {obj['status'].get('message')}"
                                + _failure_details(apiserver, obj))  # fmt: skip
-        if out.serve and (out.serve.get("status") or {}).get("phase") == "Ready":
-            port = await _serving_port(kube, out.serve)
-            if port:
-                name = out.serve["status"]["servedModelName"]
-                out.endpoint = f"http://127.0.0.1:{port}/v1"
-                try:
-                    out.answer = await asyncio.to_thread(_ask, port, name, QUESTION)
-                except (urllib.error.URLError, OSError, KeyError) as e:
-                    raise DevError(f"the served model did not answer: {e}") from None
-                print(f"\n> {QUESTION}\n{out.answer}", flush=True)
-                return out
+        port, base_port = await _serving_port(kube, out.serve), await _serving_port(kube, out.base)
+        if port and (out.base is None or base_port):
+            out.endpoint = f"http://127.0.0.1:{port}/v1"
+            try:
+                out.answers = await asyncio.to_thread(_ask_all, (port, out.serve), (base_port, out.base))
+            except (urllib.error.URLError, OSError, KeyError) as e:
+                raise DevError(f"the served model did not answer: {e}") from None
+            _print_answers(out.answers)
+            return out
         if time.monotonic() > deadline:
             raise DevError(f"not done after {timeout:.0f} s; last states: " + "; ".join(
                 f"{o['kind']}/{o['metadata']['name']} {(o.get('status') or {}).get('phase')}: {(o.get('status') or {}).get('message')}"
@@ -209,8 +251,9 @@ async def _crash_loop(kube: Kube) -> str | None:
 def _summary(out: Outcome, url: str) -> None:
     print("\nwall time per phase:", flush=True)
     for name, phase, seconds in out.phases:
-        print(f"  {name:<34} {phase:<16} {seconds:6.1f} s")
-    print(f"  {'apply -> served answer':<51} {out.total_seconds:6.1f} s")
+        if phase != "-":  # before the operator's first status
+            print(f"  {name:<34} {phase:<16} {seconds:6.1f} s")
+    print(f"  {'apply -> served answers':<51} {out.total_seconds:6.1f} s")
     st = (out.fine_tune or {}).get("status") or {}
     outputs = st.get("outputs") or {}
     local = lambda p: p.replace("/data", str(out.data_dir), 1) if p and p.startswith("/data") else p  # noqa: E731
@@ -233,7 +276,7 @@ def main(args: argparse.Namespace) -> int:
     except DevError as e:
         print(f"\ngemma-tpu dev: {e}", file=sys.stderr)
         return 1
-    if out.answer is None:
+    if not out.answers:
         print("\ngemma-tpu dev: stopped; every process it started has exited", file=sys.stderr)
         return 130
     return 0
