@@ -9,6 +9,7 @@ STATUSES = {**{f"GemmaFineTune {k}": v for k, v in finetune_statuses().items()},
 # What kstatus should conclude for each case: Current (done), InProgress or Failed.
 EXPECTED = {
     "GemmaFineTune Pending": "InProgress",
+    "GemmaFineTune Pending (JobSet missing)": "Failed",  # held until someone installs it
     "GemmaFineTune Training": "InProgress",
     "GemmaFineTune Suspended": "InProgress",
     "GemmaFineTune Merging": "InProgress",

@@ -15,7 +15,7 @@ HEALTH = Path(__file__).resolve().parents[2] / "charts" / "gemma-tpu-operator" /
 # (argo-cd docs/operator-manual/health.md).
 KEYS = {kind.kind: f"resource.customizations.health.{api.GROUP}_{kind.kind}" for kind in (api.FINETUNE, api.SERVE)}
 EXPECTED = {
-    "GemmaFineTune": {"Pending": "Progressing", "Training": "Progressing", "Suspended": "Suspended", "Merging": "Progressing",
+    "GemmaFineTune": {"Pending": "Progressing", "Pending (JobSet missing)": "Degraded", "Training": "Progressing", "Suspended": "Suspended", "Merging": "Progressing",
                       "Succeeded": "Healthy", "Failed": "Degraded", "Failed (invalid spec)": "Degraded"},
     "GemmaServe": {"WaitingForModel": "Progressing", "WaitingForModel (fine-tune failed)": "Degraded", "Deploying": "Progressing",
                    "Ready": "Healthy", "Deploying (rollout stuck)": "Degraded", "Failed": "Degraded",

@@ -12,6 +12,7 @@ import datetime
 import json
 
 from gemma_operator import finetune_flow, serve_flow
+from gemma_operator.addons import Missing
 from gemma_operator.children import merge_objects, serving_objects, training_objects
 from gemma_operator.plan import plan_finetune, plan_serve
 from gemma_operator.settings import OperatorSettings
@@ -61,6 +62,9 @@ def finetune_statuses() -> dict[str, dict]:
     out["Failed"] = _finetune(spec, out["Training"], training=_with_status(job, failed),
                               training_pods=[_pod("Failed", "trainer", {"exitCode": 2, "message": error})])  # fmt: skip
     out["Failed (invalid spec)"] = _finetune(spec, {}, problems=["spec.tpu.topology: 9x9x9 is not a v5p topology"])
+    multi_host = finetune("ft").tpu("v5p", "2x2x2").spec
+    no_jobset = Missing("JobSet", "JobSet >= v0.10.0 is required for multi-host slices: it is not installed", True)
+    out["Pending (JobSet missing)"] = _finetune(multi_host, {}, missing=[no_jobset])
     return out
 
 
