@@ -255,7 +255,10 @@ class Merge(Model):
     """The merge of the LoRA adapter into full Hugging Face safetensors after training."""
 
     enabled: bool = True
-    dtype: MergeDType = "bfloat16"
+    dtype: Annotated[
+        MergeDType | None,
+        Field(description="dtype of the merged projections; unset: each keeps the base checkpoint's dtype."),
+    ] = None
     shard_size: Annotated[str, Field(pattern=_SIZE, description="Largest output shard, e.g. 5GB.")] = "5GB"
 
 

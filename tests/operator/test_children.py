@@ -111,7 +111,8 @@ def test_merge_job_runs_on_cpu_sized_from_the_model():
     p = ft_plan(finetune("ft").tpu("v5p").lora(rank=64, alpha=64))
     cm = merge.config_map(p, OWNER, checkpoint_step=1244)
     cfg = MergeConfig.model_validate_json(cm["data"]["merge.json"])
-    assert cfg.step == 1244 and cfg.output_dir.endswith(p.merged_dir.removeprefix("gs://")) and cfg.dtype == "bfloat16"
+    assert cfg.step == 1244 and cfg.output_dir.endswith(p.merged_dir.removeprefix("gs://"))
+    assert cfg.dtype is None, "unset: each merged tensor keeps the base's dtype"
     job = merge.job(p, OperatorSettings(merge_node_selector={"pool": "cpu"}), OWNER)
     spec = pod_spec(job)
     [c] = spec["containers"]

@@ -20,6 +20,22 @@ def tiny_single(tmp_path_factory) -> tiny.TinyCheckpoint:
 
 
 @pytest.fixture(scope="session")
+def tiny_release(tmp_path_factory) -> tiny.TinyCheckpoint:
+    """Shaped like the released 31B text decoder and saved by transformers, as a downloaded model
+    is: float32 safetensors, 4 layers (3 sliding, then 1 global with K=V), final logit softcap 30."""
+    import torch
+    import transformers
+
+    config = tiny.TinyConfig(layer_types=("sliding_attention",) * 3 + ("full_attention",))
+    fields = {k: v for k, v in config.hf_config().items() if k not in ("architectures", "model_type", "dtype")}
+    out = tmp_path_factory.mktemp("tiny-release")
+    torch.manual_seed(0)
+    transformers.Gemma4ForCausalLM(transformers.Gemma4TextConfig(**fields)).save_pretrained(out)
+    tiny.write_tokenizer(out, config.vocab_size)
+    return tiny.TinyCheckpoint(out, config, shards=1, files=sorted(p.name for p in out.iterdir()))
+
+
+@pytest.fixture(scope="session")
 def token_ids() -> np.ndarray:
     """A batch twice the sliding window (16), so both attention kinds are exercised."""
     rng = np.random.default_rng(0)

@@ -20,7 +20,6 @@ from gemma_workloads.config import EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_OK, Mer
 
 def run_merge(tmp_path: Path, **fields) -> tuple[int, dict]:
     """The Job's entry point, in process; returns the exit code and the termination message."""
-    fields.setdefault("dtype", "float32")
     config = MergeConfig(termination_log=str(tmp_path / "termination-log"), **fields)
     path = tmp_path / "merge-config.json"
     path.write_text(config.dumps())
@@ -87,6 +86,25 @@ def test_output_is_a_complete_hf_model_directory(merged_fp32, tiny_sharded, lora
     assert not (out.parent / "out.partial").exists()
 
 
+def test_by_default_every_tensor_keeps_the_base_dtype(merged_fp32, tiny_sharded):
+    """An fp32 base merges to an fp32 model, not a mix of bf16 projections and fp32 rest."""
+    base, out = tensors(tiny_sharded.path), tensors(merged_fp32[0])
+    assert {v.dtype for v in base.values()} == {np.dtype(np.float32)}
+    assert {k: v.dtype for k, v in out.items()} == {k: v.dtype for k, v in base.items()}
+
+
+def test_an_explicit_dtype_is_given_to_the_merged_projections(tiny_sharded, lora_run):
+    from gemma_workloads import lora_checkpoint, lora_mapping
+    from gemma_workloads.safetensors_io import open_checkpoint
+
+    base = open_checkpoint(str(tiny_sharded.path))
+    ckpt = lora_checkpoint.locate(str(lora_run[0]), None, None)
+    targets = merge.merge_targets(base, lora_mapping.deltas(lora_checkpoint.restore_params(ckpt), ckpt.lora))
+    for dtype, merged in ((None, "F32"), ("bfloat16", "BF16"), ("float16", "F16")):
+        items = [i for s in merge.plan(base, targets, dtype, 1 << 30) for i in s.items]
+        assert {i.dtype for i in items if i.delta} == {merged} and {i.dtype for i in items if not i.delta} == {"F32"}
+
+
 def test_tensors_without_lora_are_copied_bit_for_bit(merged_fp32, tiny_sharded):
     base, out = tensors(tiny_sharded.path), tensors(merged_fp32[0])
     merged = set(json.loads((merged_fp32[0] / merge_output.MANIFEST).read_text())["merged"])
@@ -142,9 +160,10 @@ def test_the_released_layout_merges_its_decoder_and_passes_its_vision_tower_thro
 
 
 def test_bf16_merge_is_the_fp32_merge_rounded(tmp_path, lora_run, merged_fp32, tiny_sharded):
+    """A bf16 base stays bf16 (the default keeps each tensor's dtype)."""
     base_path = tiny.write_checkpoint(tmp_path / "base-bf16", shards=2, dtype="bfloat16").path
     code, result = run_merge(tmp_path, base_model_path=str(base_path), checkpoint_dir=str(lora_run[0]),
-                             output_dir=str(tmp_path / "out"), dtype="bfloat16")  # fmt: skip
+                             output_dir=str(tmp_path / "out"))  # fmt: skip
     assert code == EXIT_OK, result
     base, out = tensors(base_path), tensors(tmp_path / "out")
     ref_base, ref_out = tensors(tiny_sharded.path), tensors(merged_fp32[0])
@@ -255,6 +274,19 @@ def test_lora_of_another_model_size_is_named(tiny_sharded, tmp_path):
                              output_dir=str(tmp_path / "out"))  # fmt: skip
     assert code == EXIT_INVALID_INPUT
     assert result["error"] == "model.layers.0.mlp.down_proj.weight: base shape [96, 192] but LoRA layers/0/down_proj gives [96, 128]"
+
+
+def test_a_checkpoint_holding_nan_is_never_merged(tiny_sharded, tmp_path):
+    """A diverged adapter would make every output of the merged model NaN: exit 2, naming the tensor."""
+    ckpt = tmp_path / "ckpt"
+    tiny.write_lora_checkpoint(ckpt, tiny.TinyConfig(), rank=4, alpha=8.0, step=7, nan_in="layers/1/mlp/up_proj/kernel_lora_b")
+    code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(ckpt),
+                             output_dir=str(tmp_path / "out"))  # fmt: skip
+    assert code == EXIT_INVALID_INPUT
+    assert result["error"] == (
+        f"{ckpt}/7: LoRA tensor layers/1/mlp/up_proj/kernel_lora_b holds 1 non-finite value(s) (NaN or inf) of 768; "
+        "a diverged adapter is never merged: merge an earlier step (complete: [7])")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
 
 
 def test_step_selection(tiny_sharded, lora_run, tmp_path):

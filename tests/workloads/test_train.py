@@ -225,6 +225,9 @@ def test_learning_rate_schedules(tmp_path, tiny_sharded):
     assert at("cosine", [0, 5, 10, 60, 110]) == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0], abs=1e-6)
     assert at("linear", [0, 5, 10, 60, 110]) == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0], abs=1e-6)
     assert at("constant", [0, 5, 10, 110]) == pytest.approx([0.0, 0.5, 1.0, 1.0], abs=1e-6)
+    for kind in ("cosine", "linear", "constant"):  # no warmup: the peak from the first step
+        config = make_config(tmp_path, str(tiny_sharded.path), lr_schedule=kind, learning_rate=1.0, warmup_steps=0)
+        assert float(train.schedule(config, 110)(0)) == pytest.approx(1.0), kind
 
 
 def test_a_partly_written_checkpoint_is_never_resumed_from(runs, tmp_path, tiny_on_one_device):

@@ -188,7 +188,10 @@ class MergeConfig(_Config):
     checkpoint_dir: str
     step: Annotated[int | None, Field(ge=0, description="None: the latest complete checkpoint.")] = None
     output_dir: str
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    dtype: Annotated[
+        Literal["bfloat16", "float16", "float32"] | None,
+        Field(description="dtype of the merged projections; None: each keeps the base's dtype."),
+    ] = None
     shard_size_bytes: Annotated[int, Field(ge=1)] = 5 * 10**9
     workers: Annotated[int, Field(ge=1)] = 2
     lora: LoraConfig | None = Field(

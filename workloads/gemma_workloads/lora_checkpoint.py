@@ -149,3 +149,15 @@ def restore_params(ckpt: LoraCheckpoint) -> dict[str, Any]:
     as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata.tree)
     restored = manager.restore(ckpt.step, args=ocp.args.Composite(**{ITEM: ocp.args.PyTreeRestore(restore_args=as_numpy)}))
     return restored[ITEM]
+
+
+def require_finite(params: dict[str, Any], ckpt: LoraCheckpoint) -> None:
+    """Refuse an adapter holding NaN or inf: merged, it would make every output of the model NaN."""
+    for path, value in jax.tree_util.tree_leaves_with_path(params):
+        bad = int(np.size(value) - np.count_nonzero(np.isfinite(value)))
+        if bad:
+            name = "/".join(str(getattr(k, "key", k)) for k in path)
+            raise LoraCheckpointError(
+                f"{ckpt.path}: LoRA tensor {name} holds {bad} non-finite value(s) (NaN or inf) of {np.size(value)}; "
+                f"a diverged adapter is never merged: merge an earlier step (complete: {list(complete_steps(ckpt.checkpoint_dir))})"
+            )

@@ -141,15 +141,15 @@ def check_targets(deltas: dict[str, lora_mapping.Delta], targets: list[str]) -> 
         raise MergeError(f"target_modules {missing} have no LoRA parameters in the checkpoint")
 
 
-def plan(base: BaseCheckpoint, targets: dict[str, lora_mapping.Delta], dtype: str, shard_size: int) -> list[OutShard]:
+def plan(base: BaseCheckpoint, targets: dict[str, lora_mapping.Delta], dtype: str | None, shard_size: int) -> list[OutShard]:
     """Output shards in base storage order, split the HF way: a shard closes before it would pass
-    `shard_size` bytes, and a tensor larger than that gets a shard of its own."""
-    out_dtype = DTYPE_NAMES[dtype]
+    `shard_size` bytes, and a tensor larger than that gets a shard of its own. A merged tensor
+    keeps its base dtype unless `dtype` is given; the others always keep theirs."""
     groups: list[list[Item]] = []
     size = 0
     for info in base.tensors:
         delta = targets.get(info.name)
-        item = Item(info, out_dtype if delta else info.dtype, delta)
+        item = Item(info, DTYPE_NAMES[dtype] if delta and dtype else info.dtype, delta)
         if groups and size + item.nbytes <= shard_size:
             groups[-1].append(item)
             size += item.nbytes
@@ -212,7 +212,9 @@ def merge(config: MergeConfig) -> MergeResult:
         merge_output.finish(staging, output)  # a previous run stopped between its manifest and its rename
         return _result(output, staged, 0, started)
 
-    deltas = lora_mapping.deltas(lora_checkpoint.restore_params(ckpt), ckpt.lora)
+    params = lora_checkpoint.restore_params(ckpt)
+    lora_checkpoint.require_finite(params, ckpt)
+    deltas = lora_mapping.deltas(params, ckpt.lora)
     check_targets(deltas, ckpt.lora.target_modules)
     shards = plan(base, merge_targets(base, deltas), config.dtype, config.shard_size_bytes)
     merge_output.prepare_staging(staging, inputs)

@@ -5,10 +5,12 @@ been dispatched (TPUs) or already run (CPUs run it synchronously), so the hook's
 not say which steps are done. At each report it therefore waits for every dispatched step and
 counts the tokens of the steps finished since the previous report. What runs before the first
 report (compilation) is left out of throughput; the last report gives the run's average.
+A step whose loss or gradient norm is not finite stops the run (`NonFiniteStep`).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
@@ -21,6 +23,10 @@ from gemma_workloads.config import Progress, join
 from gemma_workloads.metrics import mfu
 
 PROGRESS_FILE = "progress.json"
+
+
+class NonFiniteStep(RuntimeError):
+    """A step's loss or gradient is NaN or infinite: nothing after it can be trusted."""
 
 
 class ProgressReporter(hooks.TrainingHooks):
@@ -46,6 +52,12 @@ class ProgressReporter(hooks.TrainingHooks):
 
     def on_train_step_end(self, train_ctx, train_step: int, train_loss: float) -> None:
         self.loss = float(train_loss)
+        grad_norm = float(train_ctx.metrics_logger.get_metric_history(train_ctx.metrics_prefix, "grad_norm", "train")[-1])
+        if not (math.isfinite(self.loss) and math.isfinite(grad_norm)):
+            raise NonFiniteStep(
+                f"step {train_step}: the loss is {self.loss} and the gradient norm {grad_norm}; training stopped. "
+                "Micro-batches that were not finite were not applied, so the checkpoints hold finite weights. "
+                "Try a lower learning_rate, or model_dtype float32 to compare")
         last = train_step >= self.total_steps
         if self._start is not None and train_step % self.log_every and not last:
             return

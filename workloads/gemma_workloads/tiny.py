@@ -406,10 +406,12 @@ def lora_shapes(config: TinyConfig, rank: int) -> dict[str, dict[str, tuple[int,
 
 
 def write_lora_checkpoint(
-    checkpoint_dir: str | Path, config: TinyConfig, *, rank: int, alpha: float, step: int = 1, seed: int = 0, std: float = 0.05
+    checkpoint_dir: str | Path, config: TinyConfig, *, rank: int, alpha: float, step: int = 1, seed: int = 0, std: float = 0.05,
+    nan_in: str | None = None,
 ) -> None:
     """A LoRA checkpoint in the training layout (Orbax step folder with `model_params`, `lora.json`)
-    with random non-zero A and B, for models too large to build in a test or benchmark."""
+    with random non-zero A and B, for models too large to build in a test or benchmark. `nan_in`
+    (`layers/0/mlp/up_proj/kernel_lora_b`) gets a NaN, as a diverged run would leave it."""
     import orbax.checkpoint as ocp
 
     from gemma_workloads.config import LORA_METADATA, LORA_MODULES, LoraMetadata
@@ -421,6 +423,9 @@ def write_lora_checkpoint(
         for part in path.split("/"):
             node = node.setdefault(part, {})
         node.update({name: (std * rng.standard_normal(shape)).astype(np.float32) for name, shape in params.items()})
+        for name in params:
+            if f"{path}/{name}" == nan_in:
+                node[name].flat[0] = np.nan
     root = Path(checkpoint_dir)
     root.mkdir(parents=True, exist_ok=True)
     meta = LoraMetadata(rank=rank, alpha=alpha, target_modules=list(LORA_MODULES), base_model_path="", model_dtype="float32")

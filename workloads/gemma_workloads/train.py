@@ -22,6 +22,7 @@ import logging
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pydantic
@@ -48,7 +49,7 @@ from gemma_workloads.input_files import InputError
 from gemma_workloads.model import load_model, read_hf_config, set_remat
 from gemma_workloads.model_folder import check_model_folder
 from gemma_workloads.preemption import Preempted, Preemption
-from gemma_workloads.progress import ProgressReporter
+from gemma_workloads.progress import NonFiniteStep, ProgressReporter
 from gemma_workloads.sources import resolve_model
 
 log = logging.getLogger("gemma_workloads.train")
@@ -102,13 +103,18 @@ def schedule(config: TrainConfig, total_steps: int) -> optax.Schedule:
         return optax.join_schedules(
             [optax.linear_schedule(0.0, lr, warmup), optax.linear_schedule(lr, 0.0, total_steps - warmup)], [warmup]
         )
-    return optax.warmup_constant_schedule(0.0, lr, warmup)
+    # Not optax.warmup_constant_schedule: it is the warmup alone, 0 forever when warmup is 0.
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), optax.constant_schedule(lr)], [warmup])
 
 
 def optimizer(config: TrainConfig, total_steps: int) -> optax.GradientTransformation:
-    """AdamW over optimizer steps (Tunix wraps it to accumulate micro-batch gradients)."""
-    return optax.inject_hyperparams(optax.adamw)(learning_rate=schedule(config, total_steps),
-                                                 weight_decay=config.weight_decay)
+    """AdamW over optimizer steps (Tunix wraps it to accumulate micro-batch gradients).
+
+    Its hyperparameters are float32 whatever the parameters' dtype: optax would store them in the
+    parameters' dtype, and in bf16 Adam's b2 = 0.999 becomes 1.0, so the bias correction
+    1 - b2**t is 0 and the first update is NaN."""
+    return optax.inject_hyperparams(optax.adamw, hyperparam_dtype=jnp.float32)(
+        learning_rate=schedule(config, total_steps), weight_decay=config.weight_decay)
 
 
 class Trainer(peft_trainer.PeftTrainer):
@@ -136,15 +142,23 @@ class Trainer(peft_trainer.PeftTrainer):
     def create_train_step_fn(self):
         """Tunix's step, with the LoRA parameters and optimizer state constrained to their
         annotated shardings: left to XLA, they come back laid out differently, and the next call
-        compiles the whole step again (minutes for the 31B model)."""
+        compiles the whole step again (minutes for the 31B model).
+
+        A micro-batch whose loss or gradient is not finite leaves both as they were, so no
+        checkpoint can hold its NaNs; the run stops when the step's loss is reported
+        (`NonFiniteStep`), which on a TPU is one step later."""
         step, device_mesh = super().create_train_step_fn(), self.mesh
 
         def train_step(model, optimizer, inputs):
-            out = step(model, optimizer, inputs)
-            for node, kind in ((model, nnx.LoRAParam), (optimizer, nnx.optimizer.OptState)):
-                state = nnx.state(node, kind)
+            trained = ((model, nnx.LoRAParam), (optimizer, nnx.optimizer.OptState))
+            before = [jax.tree.leaves(nnx.state(node, kind)) for node, kind in trained]
+            loss, aux, grad_norm = step(model, optimizer, inputs)
+            finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+            for (node, kind), old in zip(trained, before):
+                leaves, tree = jax.tree.flatten(nnx.state(node, kind))
+                state = jax.tree.unflatten(tree, [jnp.where(finite, new, prev) for new, prev in zip(leaves, old)])
                 nnx.update(node, jax.lax.with_sharding_constraint(state, nnx.get_named_sharding(state, device_mesh)))
-            return out
+            return loss, aux, grad_norm
 
         return train_step
 
@@ -228,6 +242,9 @@ def fit(trainer: Trainer, data: Data, config: TrainConfig, model_config: gemma4.
     except Preempted as stop:
         log.warning("preempted: %s", stop)
         trainer.checkpoint_manager.close()
+    except NonFiniteStep:
+        trainer.checkpoint_manager.close()  # the checkpoints being written hold finite weights: keep them
+        raise
     return reporter
 
 
@@ -281,6 +298,8 @@ def main(argv: list[str] | None = None, *, checked: bool = False) -> int:
         outcome = run(config)
     except BAD_INPUT as e:
         return _fail(_describe(e), EXIT_INVALID_INPUT, config.termination_log)
+    except NonFiniteStep as e:  # an application error: a retry would diverge the same way
+        return _fail(str(e), EXIT_FAILED, config.termination_log)
     except Exception as e:  # noqa: BLE001 (any other failure is reported, then the pod fails)
         log.exception("training failed")
         return _fail(f"{type(e).__name__}: {e}", EXIT_FAILED, config.termination_log)
