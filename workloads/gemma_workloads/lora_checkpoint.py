@@ -153,6 +153,9 @@ def restore_params(ckpt: LoraCheckpoint) -> dict[str, Any]:
 
 def require_finite(params: dict[str, Any], ckpt: LoraCheckpoint) -> None:
     """Refuse an adapter holding NaN or inf: merged, it would make every output of the model NaN."""
+    import jax
+    import numpy as np
+
     for path, value in jax.tree_util.tree_leaves_with_path(params):
         bad = int(np.size(value) - np.count_nonzero(np.isfinite(value)))
         if bad:
