@@ -89,6 +89,28 @@ class MeshConfig(_Config):
     tp: Annotated[int, Field(ge=1)]
 
 
+# Metric names as they appear in status and in a GemmaServe's rollout gate.
+EVAL_METRICS: dict[str, str] = {
+    "evalLoss": "mean loss per answer token (lower is better)",
+    "perplexity": "exp(evalLoss) (lower is better)",
+    "exactMatch": "share of rows with an expected answer whose greedy answer equals it (higher is better)",
+    "contains": "share of rows with an expected answer whose greedy answer contains it (higher is better)",
+    "regexMatch": "share of rows with an expected pattern that the greedy answer matches (higher is better)",
+}
+LOWER_IS_BETTER = frozenset({"evalLoss", "perplexity"})
+
+
+class EvaluationConfig(_Config):
+    """Scored after the last step, on the accelerator, for the fine-tune and the base model alike."""
+
+    path: str | None = Field(
+        default=None, description="An eval JSONL in the dataset's format; None: the held-out split."
+    )
+    max_rows: Annotated[int, Field(ge=1)] = 256
+    max_new_tokens: Annotated[int, Field(ge=1)] = 64
+    baseline: bool = Field(default=True, description="Also score the base model (the adapter off).")
+
+
 class TrainConfig(_Config):
     """Everything the training pod needs; paths may be local or gs://."""
 
@@ -120,6 +142,7 @@ class TrainConfig(_Config):
                      "is taken only if it fits in this time.")
     ] = 30.0
     termination_log: str = TERMINATION_LOG
+    evaluation: EvaluationConfig | None = None
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
@@ -230,6 +253,15 @@ class Progress(BaseModel):
         return None
 
 
+class MetricResult(BaseModel):
+    """One evaluation figure, with the base model's value on the same rows."""
+
+    name: str
+    value: float
+    baseline: float | None = None
+    rows: int
+
+
 class TrainResult(BaseModel):
     """The training pod's termination message."""
 
@@ -240,6 +272,7 @@ class TrainResult(BaseModel):
     eval_loss: float | None = None
     tokens_per_second: float | None = None
     checkpoint: str | None = None
+    evaluation: list[MetricResult] | None = None
     error: str | None = None
 
 
