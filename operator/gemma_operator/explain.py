@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gemma_operator import fit, host
+from gemma_operator import evaluation_plan, fit, host
 from gemma_operator.children import merge, model_delivery, serving, training
 from gemma_operator.plan import FineTunePlan, ServePlan
 
@@ -88,6 +88,7 @@ def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:
             "steps": est.steps, "tokens": est.tokens, "hours": round(est.hours, 2),
             "chipHours": round(est.chip_hours, 2), "cost": round(est.cost, 2),
         },
+        "evaluation": evaluation_plan.describe(p.spec.evaluation, p.evaluation),
     }  # fmt: skip
 
 
@@ -129,6 +130,7 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
         *_host_text(d["host"]),
         f"  run:           {d['run']} -> {d['runDir']}",
         f"  estimate:      {estimate}",
+        *([f"  evaluation:    {evaluation_plan.text(d['evaluation'], d['pricePerChipHour'])}"] if d["evaluation"] else []),
         "  merge:         " + (f"Job {d['mergeJob']} ({d['mergeMemoryGiB']} GiB) -> {d['mergedDir']}" if d["mergeJob"] else "disabled"),
     ]
     return "\n".join(lines)
