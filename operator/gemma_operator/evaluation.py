@@ -88,10 +88,11 @@ def record_evaluation(st: dict[str, Any], run: str, results: list[MetricResult] 
     events = []
     if dropped:
         events.append(("Warning", "EvaluationNotFinite", f"run {run}: figures that are not finite, left out: {', '.join(dropped)}"))
-    if metrics:
+    if results is not None:  # evaluated, even if nothing usable came of it: a gate then names what is missing
         st["evaluation"] = status_of(run, metrics)
+    if metrics:
         events.append(("Normal", "Evaluated", describe(run, metrics)))
-    elif expected:
+    elif expected and results is None:
         events.append(("Warning", "NoEvaluation", f"run {run}: spec.evaluation is set but the training result has no figures"))
     return events
 
