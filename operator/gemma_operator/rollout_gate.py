@@ -152,3 +152,14 @@ def gate_problems(gate: list[api.GateCondition]) -> list[str]:
             out.append(f"spec.rollout.gate.{i}.{wrong}: {g.metric} is better {better}, so bound it with {right} "
                        f"(or baseline), not {wrong}")  # fmt: skip
     return out
+
+
+def describe(gate: list[api.GateCondition]) -> str:
+    """A gate in words, for `gemma-tpu plan`."""
+    words = {"better": "better than the base model", "noWorse": "no worse than the base model"}
+    parts = []
+    for g in gate:
+        bounds = [f">= {g.min:g}" if g.min is not None else "", f"<= {g.max:g}" if g.max is not None else "",
+                  words.get(g.baseline or "", "")]  # fmt: skip
+        parts.append(f"{g.metric} " + " and ".join(b for b in bounds if b))
+    return ", ".join(parts) or "none (every new output rolls out)"
