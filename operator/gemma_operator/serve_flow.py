@@ -115,6 +115,8 @@ def _gate(v: ServeView, d: Decision) -> rollout_gate.Selection:
     st["passedRuns"] = sel.passed
     if sel.run:
         st["run"] = sel.run
+    else:
+        st.pop("run", None)  # nothing served, or an output the fine-tune no longer lists
     before = condition(st.get("conditions"), "GatePassed")
     if not spec.rollout.gate or sel.verdict is None:
         if not spec.rollout.gate and before:
