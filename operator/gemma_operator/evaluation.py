@@ -8,16 +8,34 @@ an Event, and once the run's merged output exists keeps the run, with its figure
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
-from gemma_workloads.config import MetricResult
+from gemma_workloads.config import MetricResult, TrainResult
 
 # The headline of `kubectl get gft`: the one figure every evaluation has (each row has answer
 # tokens; the match rates need rows with an expected answer), continuous (a small gain shows),
 # and with the base model's value beside it, it says at a glance whether the fine-tune helped.
 HEADLINE = "evalLoss"
 MAX_RUNS = 10  # runs kept in status.runs: enough to roll back, small enough for the status
+
+
+class TrainResultReader:
+    """Reads a training pod's TrainResult. Pydantic writes a figure that is not finite as null,
+    which the contract's float refuses: read as NaN, the figure is then left out loudly
+    (`figures`) instead of losing the whole result (the step and checkpoint with it)."""
+
+    @staticmethod
+    def model_validate_json(text: str) -> TrainResult:
+        try:
+            return TrainResult.model_validate_json(text)
+        except ValueError:
+            data = json.loads(text)  # not JSON at all: ValueError, as before
+            for figure in data.get("evaluation") or []:
+                if isinstance(figure, dict) and figure.get("value", 0) is None:
+                    figure["value"] = math.nan
+            return TrainResult.model_validate(data)
 
 
 def figures(results: list[MetricResult] | None) -> tuple[list[dict[str, Any]], list[str]]:

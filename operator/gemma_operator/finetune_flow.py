@@ -249,7 +249,7 @@ def _results(pods: list[dict], model):
 
 
 def _train_result(pods: list[dict]) -> TrainResult | None:
-    return _results(pods, TrainResult)
+    return _results(pods, evaluation.TrainResultReader)
 
 
 def _merge_result(pods: list[dict]) -> MergeResult | None:

@@ -4,6 +4,8 @@ Pending -> WaitingForModel (a referenced fine-tune has no merged output yet) -> 
 Ready; Failed for an invalid spec or when no replica of a rollout ever became ready. Once a
 model has been served, a re-running fine-tune does not take it away: the Deployment keeps the
 previous output until the new merge lands, then rolls (maxSurge 0: no spare TPUs needed).
+Which of the fine-tune's outputs is served is `rollout_gate`'s decision (the newest run that passes
+spec.rollout.gate, or the pinned one); this module writes it into the status.
 """
 
 from __future__ import annotations

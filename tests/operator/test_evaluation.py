@@ -99,6 +99,7 @@ def _decide(p, status, **children):
 def _trained_and_merged(p, figures: list[dict]):
     job, merge_job = training_objects(p, SETTINGS)[1], merge_objects(p, SETTINGS)[1]
     trained = json.dumps({"status": "succeeded", "step": 100, "checkpoint": "gs://c", "evaluation": figures})
+    trained = trained.replace('"NaN"', "NaN").replace('"null"', "null")  # a figure as a pod would write it
     pending = _decide(p, {}).status
     merging = _decide(p, pending, training={**job, "status": COMPLETE}, training_pods=[_pod("trainer", trained)])
     merged = json.dumps({"status": "succeeded", "output": p.merged_dir})
@@ -121,10 +122,12 @@ def test_figures_reach_status_an_event_and_the_runs_list():
     assert again.status["runs"] == done.status["runs"]
 
 
-def test_a_figure_that_is_not_finite_is_left_out_loudly():
+@pytest.mark.parametrize("written", ["NaN", "null"])  # json.dumps writes NaN; pydantic's model_dump_json writes null
+def test_a_figure_that_is_not_finite_is_left_out_loudly(written):
     p = plan(held_out())
-    nan = [{"name": "evalLoss", "value": float("nan"), "baseline": 1.8, "rows": 40}]
+    nan = [{"name": "evalLoss", "value": written, "baseline": 1.8, "rows": 40}]
     merging, done = _trained_and_merged(p, nan)
+    assert merging.status["outputs"] == {"checkpoint": "gs://c", "step": 100}, "the rest of the result is kept"
     assert merging.status["evaluation"] == {"run": p.run, "metrics": []}
     assert ("Warning", "EvaluationNotFinite", f"run {p.run}: figures that are not finite, left out: evalLoss nan (base 1.8)") in merging.events
     assert done.status["runs"][0]["evaluation"] == []  # evaluated, nothing usable: a gate on evalLoss blocks
