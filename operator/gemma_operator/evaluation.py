@@ -105,13 +105,15 @@ def record_evaluation(st: dict[str, Any], run: str, results: list[MetricResult] 
     metrics, dropped = figures(results)
     events = []
     if dropped:
-        events.append(("Warning", "EvaluationNotFinite", f"run {run}: figures that are not finite, left out: {', '.join(dropped)}"))
+        left_out = ", ".join(dropped)
+        events.append(("Warning", "EvaluationNotFinite", f"run {run}: figures that are not finite, left out: {left_out}"))
     if results is not None:  # evaluated, even if nothing usable came of it: a gate then names what is missing
         st["evaluation"] = status_of(run, metrics)
     if metrics:
         events.append(("Normal", "Evaluated", describe(run, metrics)))
     elif expected and results is None:
-        events.append(("Warning", "NoEvaluation", f"run {run}: spec.evaluation is set but the training result has no figures"))
+        message = f"run {run}: spec.evaluation is set but the training result has no figures"
+        events.append(("Warning", "NoEvaluation", message))
     return events
 
 
