@@ -19,6 +19,8 @@ IDLE = ("Suspended",)  # not done, and nothing is being worked on until the spec
 STALLING = (
     ("Progressing", "False", "ProgressDeadlineExceeded"),  # a rollout whose pods never get ready
     ("ModelReady", "False", "FineTuneFailed"),  # the referenced fine-tune failed
+    ("ModelReady", "False", "RunNotFound"),  # fineTuneRef.run names no run of the fine-tune
+    ("ModelReady", "False", "RolloutBlocked"),  # no run passes the rollout gate: waits for a new run
 )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from gemma_operator import api, fit, host, mounts, tpu
+from gemma_operator import api, evaluation_plan, fit, host, mounts, rollout_gate, tpu
 from gemma_operator.models import PRESETS, ModelShape, infer_preset
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import DatasetConfig, LoraConfig, MergeConfig, MeshConfig, TrainConfig, join, run_dir
@@ -180,6 +180,7 @@ class FineTunePlan:
     merge_queue: str | None
     price_per_chip_hour: float
     host: host.HostPlan | None = None  # memory and staging disk of a TPU training pod
+    evaluation: evaluation_plan.EvaluationEstimate | None = None  # the evaluation's extra time and cost
 
     @property
     def multi_host(self) -> bool:
@@ -257,11 +258,13 @@ def plan_finetune(
             "(each data-parallel shard takes whole sequences)"
         )
     problems += _check_paths(
-        {"spec.model.uri": spec.model.uri, "spec.dataset.uri": spec.dataset.uri, "spec.output.uri": spec.output.uri},
+        {"spec.model.uri": spec.model.uri, "spec.dataset.uri": spec.dataset.uri, "spec.output.uri": spec.output.uri,
+         "spec.evaluation.uri": spec.evaluation and spec.evaluation.uri},
         spec.storage,
         spec.tpu.accelerator,
     )
     problems += mounts.storage_problems(spec.storage, (CONFIG_DIR, mounts.SHM_DIR, host.STAGING_DIR), GCS_MOUNT_ROOT)
+    problems += evaluation_plan.problems(spec)
 
     memory = None
     if shape is not None and place.slice is not None:
@@ -293,7 +296,8 @@ def plan_finetune(
     if problems:
         raise SpecError(problems)
 
-    run = digest(spec.model_dump(mode="json", include={"model", "dataset", "lora", "training"}))
+    run = digest({**spec.model_dump(mode="json", include={"model", "dataset", "lora", "training"}),
+                  **evaluation_plan.run_inputs(spec)})
     merge_id = digest(spec.merge.model_dump(mode="json", exclude={"enabled"}), 6)
     rdir = run_dir(spec.output.uri, run)
     train = TrainConfig(
@@ -332,6 +336,7 @@ def plan_finetune(
         peak_tflops_per_device=(
             tpu.GENERATIONS[place.accelerator].peak_bf16_tflops if place.slice else None
         ),
+        evaluation=evaluation_plan.train_config(spec),
     )
     merged = join(rdir, f"merged-{merge_id}")
     merge = MergeConfig(
@@ -368,6 +373,7 @@ def plan_finetune(
         merge_queue=settings.merge_kueue_queue,
         price_per_chip_hour=price,
         host=host_plan,
+        evaluation=evaluation_plan.estimate(spec, shape, place.chips, place.accelerator, settings.assumed_mfu, price),
     )
 
 
@@ -434,7 +440,9 @@ class ServePlan:
     @property
     def revision(self) -> str:
         """Changes whenever the pods must be replaced: a new model or a new pod-relevant spec."""
-        return digest({"model": self.model_uri, "spec": self.spec.model_dump(mode="json", exclude={"replicas"})})
+        # The gate and the pin choose the model (model_uri): by themselves they replace no pod.
+        spec = self.spec.model_dump(mode="json", exclude={"replicas": True, "rollout": {"gate"}, "model": {"fine_tune_ref": {"run"}}})
+        return digest({"model": self.model_uri, "spec": spec})
 
 
 def plan_serve(
@@ -471,6 +479,7 @@ def plan_serve(
                 f"(TP {tp}, maxModelLen {spec.vllm.max_model_len}); use a larger topology or a shorter maxModelLen"
             )
     problems += _check_paths({"spec.model.uri": spec.model.uri}, spec.storage, place.accelerator)
+    problems += rollout_gate.gate_problems(spec.rollout.gate)
     problems += mounts.storage_problems(spec.storage, (*mounts.SERVING, host.STAGING_DIR))
     startup = spec.startup_timeout_seconds or default_startup_seconds(place, shape)
     if shape is not None and place.slice is not None and startup < MIN_STARTUP_SECONDS.get(shape.preset, 0):

@@ -174,7 +174,7 @@ class Controller:
         meta, status, spec = body["metadata"], body.get("status") or {}, body.get("spec") or {}
         ref = _fine_tune_ref(spec)
         fine_tune = await self.kube.get(api.FINETUNE.kind, namespace, ref) if ref else None
-        model_uri = serve_flow.resolve_model(ref, fine_tune, status)
+        model_uri = serve_flow.resolve_model(ref, fine_tune, status, spec)
         ft_preset = ((fine_tune or {}).get("spec") or {}).get("model", {}).get("preset") or (fine_tune or {}).get("status", {}).get("model")
         plan, problems = None, []
         try:

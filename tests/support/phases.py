@@ -70,7 +70,7 @@ def finetune_statuses() -> dict[str, dict]:
 
 def _serve(spec: dict, status: dict, fine_tune: dict | None = None, problems: list[str] = (), **children) -> dict:
     ref = ((spec.get("model") or {}).get("fineTuneRef") or {}).get("name")
-    uri = serve_flow.resolve_model(ref, fine_tune, status) if ref else None
+    uri = serve_flow.resolve_model(ref, fine_tune, status, spec) if ref else None
     plan = None if problems else plan_serve("chat", NS, spec, SETTINGS, model_uri=uri, fine_tune_preset="gemma4-31b")
     view = serve_flow.ServeView(name="chat", namespace=NS, generation=1, status=status, problems=list(problems), owner=None,
                                 now=T0, plan=plan, fine_tune_name=ref, fine_tune=fine_tune, **children)  # fmt: skip
@@ -97,4 +97,12 @@ def serve_statuses() -> dict[str, dict]:
     never = {**stuck, "readyReplicas": 0}
     out["Failed"] = _serve(spec, out["Deploying"], done, workload=_with_status(deployment, never))
     out["Failed (invalid spec)"] = _serve(spec, {}, done, problems=["spec.replicas: must be at least 0"])
+    gated = {**spec, "rollout": {"gate": [{"metric": "evalLoss", "baseline": "better"}]}}
+    worse = {"run": "r2", "merged": "gs://out/ft/runs/r2/merged", "evaluation": [{"name": "evalLoss", "value": 2.0, "baseline": 1.8, "rows": 9}]}
+    better = {"run": "r1", "merged": "gs://out/ft/merged", "evaluation": [{"name": "evalLoss", "value": 1.2, "baseline": 1.8, "rows": 9}]}
+    out["WaitingForModel (no run passes the gate)"] = _serve(gated, {}, {"status": {**done["status"], "runs": [worse]}})
+    two_runs = {"status": {"phase": "Succeeded", "outputs": {"merged": worse["merged"]}, "runs": [worse, better]}}
+    out["Ready (the newest run fails the gate)"] = _serve(gated, out["Ready"], two_runs, workload=_with_status(deployment, ready))
+    pinned = {**spec, "model": {"fineTuneRef": {"name": "ft", "run": "0000aaaa"}}}
+    out["Ready (pinned run not found)"] = _serve(pinned, out["Ready"], two_runs, workload=_with_status(deployment, ready))
     return out
