@@ -51,8 +51,6 @@ KINDS: dict[str, KindInfo] = {
     "Event": _kind("v1", "events", "create"),
 }
 STATUS_KINDS = (api.FINETUNE.kind, api.SERVE.kind)  # the operator writes their /status
-# Kinds only the local node agent and tests use (never the operator: not in its role).
-LOCAL_KINDS = {**KINDS, "Secret": _kind("v1", "secrets", "list"), "Namespace": _kind("v1", "namespaces", "create")}
 POD_LOG = "pods/log"  # read for live training progress
 # Names the operator's requests in API server audit logs (and lets tests tell them from their own).
 USER_AGENT = "gemma-tpu-operator"

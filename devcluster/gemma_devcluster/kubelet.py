@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gemma_operator.devcluster import processes, volumes
+from gemma_devcluster import processes, volumes
 from gemma_operator.status import now, timestamp
 
 TPU_RESOURCE = "google.com/tpu"

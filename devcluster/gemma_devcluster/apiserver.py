@@ -28,8 +28,7 @@ import jsonpatch
 import kmock
 import yaml
 
-from gemma_operator import crd
-from gemma_operator.devcluster.semantics import (
+from gemma_devcluster.semantics import (
     Kind,
     default_job_selector,
     error,
@@ -37,6 +36,7 @@ from gemma_operator.devcluster.semantics import (
     label_selector_matches,
     merge_patch,
 )
+from gemma_operator import crd
 from gemma_operator.status import now, timestamp
 
 HISTORY = 50_000  # watch events kept for resuming
