@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from gemma_operator.vllm_flags import check_extra_args
+
 GROUP = "gemma-tpu.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -465,8 +467,6 @@ class VLLM(Model):
     @field_validator("extra_args")
     @classmethod
     def _no_owned_flags(cls, args: list[str]) -> list[str]:
-        from gemma_operator.children.vllm import check_extra_args
-
         check_extra_args(tuple(args))
         return args
 
