@@ -3,7 +3,7 @@ two only they use (never the operator, so not in its RBAC role)."""
 
 from __future__ import annotations
 
-from gemma_operator.kube import KINDS, KindInfo
+from gemma_operator.kinds import KINDS, KindInfo
 
 LOCAL_KINDS: dict[str, KindInfo] = {
     **KINDS,

@@ -20,7 +20,8 @@ import kopf
 
 from gemma_operator import addons, api, failure_policy, finetune_flow, metrics, retries, serve_flow
 from gemma_operator.children import common, merge, serving, training
-from gemma_operator.kube import KINDS, UNREAD, ApiError, Kube
+from gemma_operator.kinds import KINDS, where
+from gemma_operator.kube import UNREAD, ApiError, Kube
 from gemma_operator.lifecycle import Decision
 from gemma_operator.plan import SpecError, plan_finetune, plan_serve
 from gemma_operator.settings import OperatorSettings
@@ -29,15 +30,6 @@ from gemma_workloads.config import Progress
 
 log = logging.getLogger("gemma_operator")
 
-# Spec fields re-applied when what the CR wants of them changes (Job templates are immutable;
-# a Job's suspend is the lifecycle's business).
-MUTABLE = {"ConfigMap": (), "Job": (), "JobSet": (),
-           "Deployment": ("replicas", "template", "strategy", "progressDeadlineSeconds"),
-           "LeaderWorkerSet": ("replicas", "leaderWorkerTemplate", "rolloutStrategy"),
-           "Service": ("ports", "selector", "type"),
-           "HorizontalPodAutoscaler": ("scaleTargetRef", "minReplicas", "maxReplicas", "metrics", "behavior"),
-           "PodMonitor": ("selector", "podMetricsEndpoints"), "PodMonitoring": ("selector", "endpoints")}  # fmt: skip
-SERVING_KINDS = ("Deployment", "LeaderWorkerSet", "HorizontalPodAutoscaler", "PodMonitor", "PodMonitoring")
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
@@ -191,7 +183,7 @@ class Controller:
                 ("LeaderWorkerSet", True, plan.multi_host), ("PodMonitor", False, m.pod_monitor),
                 ("PodMonitoring", False, m.pod_monitoring)) if needed})  # fmt: skip
             wanted = "LeaderWorkerSet" if plan.multi_host else "Deployment"
-            for kind in SERVING_KINDS:
+            for kind in where(serving=True):
                 obj = seen[(kind, serving.name(plan))] = await self.kube.get(kind, namespace, serving.name(plan))
                 if obj is not None and kind == wanted:
                     view.workload = obj
@@ -216,7 +208,7 @@ class Controller:
             await self.kube.delete(obj["kind"], namespace, obj["metadata"]["name"])
         for obj in d.create:
             current = seen.get((obj["kind"], obj["metadata"]["name"]), UNREAD)
-            await self.kube.ensure(obj, MUTABLE[obj["kind"]], current)
+            await self.kube.ensure(obj, KINDS[obj["kind"]].mutable, current)
         for kind, name, patch in d.patch:  # against the object as observed: a concurrent change answers 409
             observed = (seen.get((kind, name)) or {}).get("metadata", {}).get("resourceVersion")
             if observed:
@@ -290,7 +282,7 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
         if owner:
             await controller.reconcile(owner[0], namespace, owner[1])
 
-    for kind in ("Job", "JobSet", "Deployment", "LeaderWorkerSet"):
+    for kind in where(wakes_owner=True):
         group, _, version = KINDS[kind].api_version.rpartition("/")
         kopf.on.event(group, version, KINDS[kind].plural, labels=managed, id=f"child-{KINDS[kind].plural}", registry=registry)(child_event)
 
