@@ -10,7 +10,7 @@ PIP_FILTER = 2>&1 | (grep -v "is ignored: it is neither a file nor a directory" 
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 
-.PHONY: demo test test-fast venv vllm-venv crds manifests images lint clean
+.PHONY: demo test test-fast venv vllm-venv crds manifests images clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml

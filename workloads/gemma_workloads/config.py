@@ -311,7 +311,3 @@ def join(base: str, *parts: str) -> str:
 def run_dir(output_uri: str, run: str) -> str:
     """Each run of a fine-tune writes under its own folder, so a re-run never overwrites one."""
     return join(output_uri, "runs", run)
-
-
-def merged_dir(output_uri: str, run: str) -> str:
-    return join(run_dir(output_uri, run), "merged")
