@@ -24,8 +24,8 @@ from gemma_devcluster.kubelet import (
     unschedulable,
     waiting_status,
 )
+from gemma_operator.clock import now, parse_time, timestamp
 from gemma_operator.kube import ApiError, Kube
-from gemma_operator.status import now, parse_time, timestamp
 
 log = logging.getLogger("gemma_devcluster")
 

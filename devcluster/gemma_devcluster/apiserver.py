@@ -37,7 +37,7 @@ from gemma_devcluster.semantics import (
     merge_patch,
 )
 from gemma_operator import crd
-from gemma_operator.status import now, timestamp
+from gemma_operator.clock import now, timestamp
 
 HISTORY = 50_000  # watch events kept for resuming
 OPENAPI_V3 = "/openapi/v3/apis/"

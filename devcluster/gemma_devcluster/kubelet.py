@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gemma_devcluster import processes, volumes
-from gemma_operator.status import now, timestamp
+from gemma_operator.clock import now, timestamp
 
 TPU_RESOURCE = "google.com/tpu"
 TERMINATION_MESSAGE_LIMIT = 4096

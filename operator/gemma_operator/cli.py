@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from gemma_operator import api, crd, explain
+from gemma_operator import api, crd, plan_text
 from gemma_operator.children import merge_objects, serving_objects, training_objects
 from gemma_operator.plan import SpecError, plan_finetune, plan_serve
 from gemma_operator.settings import load_settings
@@ -153,9 +153,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if problems:
         return _fail(problems)
     if args.output == "json":
-        print(json.dumps([explain.as_dict(p) for _, p in plans], indent=2))
+        print(json.dumps([plan_text.as_dict(p) for _, p in plans], indent=2))
     else:
-        print("\n\n".join(explain.as_text(p) for _, p in plans))
+        print("\n\n".join(plan_text.as_text(p) for _, p in plans))
     return 0
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gemma_operator import api, tpu
-from gemma_operator.models import ModelShape
+from gemma_operator.model_shapes import ModelShape
 from gemma_workloads.config import EvaluationConfig
 
 FORWARD_FLOPS_PER_PARAM = 2.0  # a forward pass: one multiply-add per parameter per token

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gemma_operator.status import condition
+from gemma_operator.conditions import condition
 
 DONE = ("Succeeded", "Ready")  # the phases in which the resource is what its spec asks for
 IDLE = ("Suspended",)  # not done, and nothing is being worked on until the spec changes

@@ -15,8 +15,8 @@ import kubernetes
 from kubernetes.client.rest import ApiException
 
 from gemma_operator import api
+from gemma_operator.clock import now, timestamp
 from gemma_operator.kinds import KINDS, KindInfo
-from gemma_operator.status import diff_patch, now, timestamp
 
 
 # Names the operator's requests in API server audit logs (and lets tests tell them from their own).
@@ -207,3 +207,19 @@ APPLIED_ANNOTATION = f"{api.GROUP}/applied-spec"
 
 def _hash(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def diff_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """A merge patch turning `old` into `new`: null for every key that disappears."""
+    patch: dict[str, Any] = {}
+    for key in old.keys() - new.keys():
+        patch[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            sub = diff_patch(before, value)
+            if sub:
+                patch[key] = sub
+        elif value != before:
+            patch[key] = value
+    return patch

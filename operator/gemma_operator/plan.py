@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from gemma_operator import api, evaluation_plan, fit, host, mounts, rollout_gate, tpu
-from gemma_operator.models import PRESETS, ModelShape, infer_preset
+from gemma_operator.model_shapes import PRESETS, ModelShape, infer_preset
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import DatasetConfig, LoraConfig, MergeConfig, MeshConfig, TrainConfig, join, run_dir
 

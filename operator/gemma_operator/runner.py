@@ -16,7 +16,7 @@ from collections.abc import Collection
 import kopf
 import kubernetes
 
-from gemma_operator import api, leader, metrics
+from gemma_operator import api, leader, prometheus_metrics
 from gemma_operator.kube import Kube
 from gemma_operator.reconcile import Controller, register
 from gemma_operator.settings import OperatorSettings, load_settings
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     def startup(settings: kopf.OperatorSettings, **_: object) -> None:
         configure(settings, namespaced=bool(args.namespace))
         if args.metrics_port:
-            metrics.serve(args.metrics_port)
+            prometheus_metrics.serve(args.metrics_port)
 
     lost = threading.Event()
     with contextlib.ExitStack() as stack:

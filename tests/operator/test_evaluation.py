@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from gemma_operator import evaluation, explain, finetune_flow
+from gemma_operator import evaluation, plan_text
 from gemma_operator.children import merge_objects, training_objects
+from gemma_operator.lifecycle import finetune as finetune_lifecycle
 from gemma_operator.plan import SpecError, digest, plan_finetune
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import MetricResult, TrainConfig
@@ -74,12 +75,12 @@ def test_plan_shows_the_evaluation_cost_in_the_training_cost_model():
     ratio = (p.evaluation.tokens * 2) / (p.estimate.tokens * 6)
     assert p.evaluation.chip_hours / p.estimate.chip_hours == pytest.approx(ratio)
     assert p.evaluation.cost == pytest.approx(p.evaluation.chip_hours * p.price_per_chip_hour)
-    line = next(x for x in explain.as_text(p).splitlines() if x.strip().startswith("evaluation:"))
+    line = next(x for x in plan_text.as_text(p).splitlines() if x.strip().startswith("evaluation:"))
     assert f"256 x ({seq}-token forward + 64 greedy steps) x 2 = 1.08 M tokens" in line
     assert f"${p.evaluation.cost:.2f}" in line and "fine-tune and base model" in line
-    assert explain.as_dict(p)["evaluation"]["estimate"]["models"] == 2
+    assert plan_text.as_dict(p)["evaluation"]["estimate"]["models"] == 2
     on_cpu = plan(finetune("ev").cpu_tiny().set("dataset.evalFraction", 0.1).set("evaluation", {"maxNewTokens": 16}))
-    assert on_cpu.evaluation is None and "cost unknown" in explain.as_text(on_cpu)
+    assert on_cpu.evaluation is None and "cost unknown" in plan_text.as_text(on_cpu)
 
 
 # ---------------------------------------------------------------------------- into the status
@@ -91,9 +92,9 @@ def _pod(container: str, message: str) -> dict:
 
 
 def _decide(p, status, **children):
-    view = finetune_flow.FineTuneView(name="ev", namespace="ns", generation=1, status=status, problems=[], owner=None,
+    view = finetune_lifecycle.FineTuneView(name="ev", namespace="ns", generation=1, status=status, problems=[], owner=None,
                                       now=T0, plan=p, **children)  # fmt: skip
-    return finetune_flow.decide(view, SETTINGS)
+    return finetune_lifecycle.decide(view, SETTINGS)
 
 
 def _trained_and_merged(p, figures: list[dict]):

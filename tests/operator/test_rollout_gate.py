@@ -4,7 +4,7 @@ from typing import get_args
 
 import pytest
 
-from gemma_operator import api, explain, rollout_gate
+from gemma_operator import api, plan_text, rollout_gate
 from gemma_operator.plan import SpecError, parse, plan_serve
 from gemma_operator.rollout_gate import Action
 from gemma_operator.settings import OperatorSettings
@@ -161,7 +161,7 @@ def test_plan_shows_the_gate_in_words():
     spec = serve("chat").fine_tune("ft").set("rollout", {"gate": [LOSS_BETTER, EXACT_MIN, {"metric": "contains", "min": 0.5, "baseline": "noWorse"}]}).spec
     p = plan_serve("chat", "default", spec, OperatorSettings(), model_uri="gs://out/m")
     assert ("  rollout gate:  evalLoss better than the base model, exactMatch >= 0.6, "
-            "contains >= 0.5 and no worse than the base model") in explain.as_text(p).splitlines()
-    assert explain.as_dict(p)["rolloutGate"][1] == {"metric": "exactMatch", "min": 0.6}
+            "contains >= 0.5 and no worse than the base model") in plan_text.as_text(p).splitlines()
+    assert plan_text.as_dict(p)["rolloutGate"][1] == {"metric": "exactMatch", "min": 0.6}
     bare = plan_serve("chat", "default", serve("chat").fine_tune("ft").spec, OperatorSettings(), model_uri="gs://out/m")
-    assert "  rollout gate:  none (every new output rolls out)" in explain.as_text(bare).splitlines()
+    assert "  rollout gate:  none (every new output rolls out)" in plan_text.as_text(bare).splitlines()

@@ -1,6 +1,6 @@
 """The status of both kinds in every phase, as the lifecycles' own `decide` writes it.
 
-Each case drives `finetune_flow.decide` / `serve_flow.decide` with the children a cluster would
+Each case drives `lifecycle.finetune.decide` / `lifecycle.serve.decide` with the children a cluster would
 show at that point (the manifests the operator renders, with the status their controllers set),
 so health checks are tested against statuses the operator really produces, not hand-written ones.
 """
@@ -11,9 +11,10 @@ import copy
 import datetime
 import json
 
-from gemma_operator import finetune_flow, serve_flow
 from gemma_operator.addons import Missing
 from gemma_operator.children import merge_objects, serving_objects, training_objects
+from gemma_operator.lifecycle import finetune as finetune_lifecycle
+from gemma_operator.lifecycle import serve as serve_lifecycle
 from gemma_operator.plan import plan_finetune, plan_serve
 from gemma_operator.settings import OperatorSettings
 from tests.support.builders import finetune, serve
@@ -36,9 +37,9 @@ def _with_status(obj: dict, status: dict) -> dict:
 
 def _finetune(spec: dict, status: dict, problems: list[str] = (), **children) -> dict:
     plan = None if problems else plan_finetune("ft", NS, spec, SETTINGS)
-    view = finetune_flow.FineTuneView(name="ft", namespace=NS, generation=1, status=status, problems=list(problems),
+    view = finetune_lifecycle.FineTuneView(name="ft", namespace=NS, generation=1, status=status, problems=list(problems),
                                       owner=None, now=T0, plan=plan, **children)  # fmt: skip
-    return finetune_flow.decide(view, SETTINGS).status
+    return finetune_lifecycle.decide(view, SETTINGS).status
 
 
 def finetune_statuses() -> dict[str, dict]:
@@ -70,11 +71,11 @@ def finetune_statuses() -> dict[str, dict]:
 
 def _serve(spec: dict, status: dict, fine_tune: dict | None = None, problems: list[str] = (), **children) -> dict:
     ref = ((spec.get("model") or {}).get("fineTuneRef") or {}).get("name")
-    uri = serve_flow.resolve_model(ref, fine_tune, status, spec) if ref else None
+    uri = serve_lifecycle.resolve_model(ref, fine_tune, status, spec) if ref else None
     plan = None if problems else plan_serve("chat", NS, spec, SETTINGS, model_uri=uri, fine_tune_preset="gemma4-31b")
-    view = serve_flow.ServeView(name="chat", namespace=NS, generation=1, status=status, problems=list(problems), owner=None,
+    view = serve_lifecycle.ServeView(name="chat", namespace=NS, generation=1, status=status, problems=list(problems), owner=None,
                                 now=T0, plan=plan, fine_tune_name=ref, fine_tune=fine_tune, **children)  # fmt: skip
-    return serve_flow.decide(view, SETTINGS).status
+    return serve_lifecycle.decide(view, SETTINGS).status
 
 
 def serve_statuses() -> dict[str, dict]:

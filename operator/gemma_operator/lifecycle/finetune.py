@@ -16,10 +16,11 @@ from typing import Any
 
 from gemma_operator import evaluation, failure_policy
 from gemma_operator.children import merge, merge_objects, training, training_objects
+from gemma_operator.clock import parse_time, timestamp
+from gemma_operator.conditions import condition
+from gemma_operator.lifecycle.common import Decision, ResourceView, decide_with, set_cond
 from gemma_operator.plan import FineTunePlan
 from gemma_operator.settings import OperatorSettings
-from gemma_operator.lifecycle import Decision, ResourceView, decide_with, set_cond
-from gemma_operator.status import condition, parse_time, timestamp
 from gemma_workloads.config import MergeResult, Progress, TrainResult
 
 ACCOUNT_EVERY = 60  # seconds between chip-hour updates of a running workload

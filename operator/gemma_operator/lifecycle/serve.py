@@ -15,10 +15,10 @@ from typing import Any
 
 from gemma_operator import evaluation, rollout_gate
 from gemma_operator.children import serving, serving_objects
-from gemma_operator.lifecycle import Decision, ResourceView, decide_with, set_cond
+from gemma_operator.conditions import condition
+from gemma_operator.lifecycle.common import Decision, ResourceView, decide_with, set_cond
 from gemma_operator.plan import ServePlan
 from gemma_operator.settings import OperatorSettings
-from gemma_operator.status import condition
 
 
 @dataclass
