@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from gemma_operator.vllm_flags import check_extra_args
+from gemma_workloads import config
 
 GROUP = "gemma-tpu.dev"
 VERSION = "v1alpha1"
@@ -22,13 +23,11 @@ Accelerator = Literal["v5p", "v6e", "cpu"]
 Preset = Literal["gemma4-31b", "gemma4-26b-a4b", "gemma4-e4b", "gemma4-e2b", "tiny"]
 DType = Literal["bfloat16", "float32"]
 MergeDType = Literal["bfloat16", "float16", "float32"]
-DatasetFormat = Literal["chat", "prompt-completion", "text"]
-LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Hugging Face projection names, as the training workload maps them (its LORA_MODULES).
+LoraTarget = Literal[tuple(config.LORA_MODULES)]
 LrSchedule = Literal["cosine", "linear", "constant"]
 # Evaluation figures (the training workload's names: gemma_workloads.config.EVAL_METRICS).
 EvalMetric = Literal["evalLoss", "perplexity", "exactMatch", "contains", "regexMatch"]
-
-ALL_LORA_TARGETS: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 # A Kubernetes object name (RFC 1123 subdomain) and a size such as "5GB" or "4Gi".
 _DNS_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -226,29 +225,21 @@ class Dataset(Model):
     """Training data: JSONL, one example a line."""
 
     uri: Annotated[str, Field(pattern=_URI, description="gs:// URI or path of a JSONL file.")]
-    format: Annotated[
-        DatasetFormat,
-        Field(
-            description="chat: {messages: [{role, content}]}; prompt-completion: {prompt, "
-            "completion}; text: {text}."
-        ),
-    ] = "chat"
-    max_seq_len: Annotated[int, Field(ge=16, le=262144, description="Tokens per sequence.")] = 2048
-    packing: Annotated[bool, Field(description="Pack several examples into one sequence.")] = False
-    eval_fraction: Annotated[
-        float, Field(ge=0.0, le=0.5, description="Fraction of examples held out for evaluation.")
-    ] = 0.0
-    skip_invalid: Annotated[
-        bool, Field(description="Skip malformed lines (and report how many) instead of failing.")
-    ] = False
+    # The rest is the training contract's (gemma_workloads.config.DatasetConfig), declared there.
+    format: config.DatasetFormatField
+    max_seq_len: config.MaxSeqLen
+    packing: config.Packing
+    eval_fraction: config.EvalFraction
+    skip_invalid: config.SkipInvalid
 
 
 class Lora(Model):
     """LoRA adapter settings (Qwix). Targets use Hugging Face projection names."""
 
-    rank: Annotated[int, Field(ge=1, le=1024)] = 16
-    alpha: Annotated[float, Field(gt=0)] = 32.0
-    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    # Declared by the training contract (gemma_workloads.config.LoraConfig); the targets here are typed.
+    rank: config.LoraRank
+    alpha: config.LoraAlpha
+    dropout: config.LoraDropout
     target_modules: Annotated[
         list[LoraTarget],
         Field(
@@ -256,7 +247,7 @@ class Lora(Model):
             description="Projections to adapt. k_proj covers the global layers' keys too; on "
             "sliding layers k_proj and v_proj are one fused projection, so list both or neither.",
         ),
-    ] = Field(default_factory=lambda: list(ALL_LORA_TARGETS))
+    ] = Field(default_factory=lambda: list(config.LORA_MODULES))
 
     @field_validator("target_modules")
     @classmethod

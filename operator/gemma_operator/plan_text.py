@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gemma_operator import evaluation_plan, fit, host, rollout_gate
+from gemma_operator import fit, host, rollout_gate
 from gemma_operator.children import merge, model_delivery, serving, training
+from gemma_operator.plan import evaluation as evaluation_plan
 from gemma_operator.plan import FineTunePlan, ServePlan
 
 

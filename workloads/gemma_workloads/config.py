@@ -37,6 +37,22 @@ LORA_MODULES: dict[str, tuple[str, ...]] = {
     "down_proj": ("down_proj",),
 }
 
+# The fields a GemmaFineTune's spec.dataset and spec.lora share with this contract, each bound,
+# default and description declared once: gemma_operator.api declares its fields with these types,
+# so what the API admits is what the pods accept, and the CRD documents the same bounds.
+DatasetFormat = Literal["chat", "prompt-completion", "text"]
+DatasetFormatField = Annotated[DatasetFormat, Field(
+    default="chat", description="chat: {messages: [{role, content}]}; prompt-completion: {prompt, completion}; text: {text}.")]
+MaxSeqLen = Annotated[int, Field(default=2048, ge=16, le=262144, description="Tokens per sequence.")]
+Packing = Annotated[bool, Field(default=False, description="Pack several examples into one sequence.")]
+EvalFraction = Annotated[float, Field(
+    default=0.0, ge=0.0, le=0.5, description="Fraction of examples held out for evaluation.")]
+SkipInvalid = Annotated[bool, Field(
+    default=False, description="Skip malformed lines (and report how many) instead of failing.")]
+LoraRank = Annotated[int, Field(default=16, ge=1, le=1024)]
+LoraAlpha = Annotated[float, Field(default=32.0, gt=0)]
+LoraDropout = Annotated[float, Field(default=0.0, ge=0.0, lt=1.0)]
+
 
 class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -59,17 +75,17 @@ class _Config(BaseModel):
 
 class DatasetConfig(_Config):
     path: str
-    format: Literal["chat", "prompt-completion", "text"] = "chat"
-    max_seq_len: Annotated[int, Field(ge=16)] = 2048
-    packing: bool = False
-    eval_fraction: Annotated[float, Field(ge=0.0, le=0.5)] = 0.0
-    skip_invalid: bool = False
+    format: DatasetFormatField
+    max_seq_len: MaxSeqLen
+    packing: Packing
+    eval_fraction: EvalFraction
+    skip_invalid: SkipInvalid
 
 
 class LoraConfig(_Config):
-    rank: Annotated[int, Field(ge=1)] = 16
-    alpha: Annotated[float, Field(gt=0)] = 32.0
-    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    rank: LoraRank
+    alpha: LoraAlpha
+    dropout: LoraDropout
     target_modules: list[str] = Field(default_factory=lambda: list(LORA_MODULES))
 
     @model_validator(mode="after")
