@@ -10,6 +10,7 @@ dev     the whole pipeline on this machine (what `make demo` runs; the package g
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import sys
 from pathlib import Path
@@ -177,7 +178,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return runner.run(args)
 
 
-# What `gemma-tpu dev` needs beyond the operator: the local cluster's package and the `dev` extra.
+# Subcommands other packages register (pyproject's entry points): `dev` is the local cluster's.
+COMMANDS = "gemma_tpu.commands"
 DEV_MISSING = ("gemma-tpu dev: the local cluster is not installed here ({missing}); the operator image leaves it "
                "out. From a checkout: `make venv`, or pip install -e '.[operator,workloads,dev]'")  # fmt: skip
 DEV_MODULES = ("gemma_devcluster", "gemma_workloads", "kmock", "jsonpatch", "jsonschema")
@@ -185,13 +187,16 @@ DEV_MODULES = ("gemma_devcluster", "gemma_workloads", "kmock", "jsonpatch", "jso
 
 def cmd_dev(args: argparse.Namespace) -> int:
     try:
-        from gemma_devcluster import cli as dev_cli
+        command = next(iter(importlib.metadata.entry_points(group=COMMANDS, name="dev"))).load()
+    except StopIteration:
+        print(DEV_MISSING.format(missing=f"no `dev` in the {COMMANDS} entry points"), file=sys.stderr)
+        return EXIT_INVALID
     except ModuleNotFoundError as e:
         if (e.name or "").partition(".")[0] not in DEV_MODULES:
             raise
         print(DEV_MISSING.format(missing=f"no module {e.name}"), file=sys.stderr)
         return EXIT_INVALID
-    return dev_cli.main(args.dev_args)
+    return command(args.dev_args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -226,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lead through this Lease before starting (several replicas, without --peering)")
     p.set_defaults(func=cmd_operator)
 
-    # Its arguments belong to gemma_devcluster (parsed there), which the operator's image does not have.
+    # Its arguments belong to the package that registers it (gemma_devcluster), which parses them.
     p = sub.add_parser("dev", add_help=False, help="run the whole pipeline locally: API, operator, node agent, tiny model")
     p.set_defaults(func=cmd_dev)
     return parser
