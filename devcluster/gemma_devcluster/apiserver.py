@@ -10,6 +10,9 @@ validation of custom resources from their CRD; pod logs; and discovery and serve
 in the shapes kubectl relies on. Every request is recorded as
 (verb, group, resource), and per User-Agent as a `Call` (with namespace and name), so tests can
 check RBAC against what the operator really calls, and not what the test itself calls.
+
+The request handlers are one class over one store, so they stay together; the API server's rules
+that need no store (selectors, patches, schemas, tables) are in `semantics.py`.
 """
 
 from __future__ import annotations

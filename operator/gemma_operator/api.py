@@ -3,6 +3,9 @@
 These pydantic models are the one source of the CRD schemas (`crd.py` turns them into
 openAPIV3Schema) and of the operator's parsing of a CR. Nothing here knows how a resource is
 reconciled. Field names are the public contract: add fields, never rename them.
+
+It is long because it is one schema: the two kinds share their pieces (model sources, TPU,
+storage, images), and one file read top to bottom is how `kubectl explain` reads too.
 """
 
 from __future__ import annotations
