@@ -84,12 +84,12 @@ def check_evaluation(config: TrainConfig) -> None:
     """Where the rows come from, room for the answers, and each row of an eval file (and each
     `expected_regex`, in the eval file or in the dataset whose held-out rows are scored)."""
     ev, dataset = config.evaluation, config.dataset
-    if ev.max_new_tokens >= dataset.max_seq_len:
-        raise InputError(f"evaluation.max_new_tokens {ev.max_new_tokens} leaves no room for a prompt within "
-                         f"dataset.max_seq_len {dataset.max_seq_len}")  # fmt: skip
     if ev.path is None and not dataset.eval_fraction:
         raise InputError("evaluation: no rows to score: set evaluation.path (an eval JSONL in the dataset's format) "
                          "or dataset.eval_fraction (a held-out split)")  # fmt: skip
+    if ev.max_new_tokens >= dataset.max_seq_len:
+        raise InputError(f"evaluation.max_new_tokens {ev.max_new_tokens} leaves no room for a prompt within "
+                         f"dataset.max_seq_len {dataset.max_seq_len}")  # fmt: skip
     source = eval_rows.eval_dataset(dataset, ev) if ev.path is not None else dataset
     skipped: list[str] = []
     usable = 0
