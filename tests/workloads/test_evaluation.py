@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 
 from gemma_workloads import lora, mesh, tiny, train
 from gemma_workloads.config import EXIT_FAILED, EXIT_OK, LoraConfig, TrainConfig
-from gemma_workloads.data import TextCodec
+from gemma_workloads.data import DataError, TextCodec
 from gemma_workloads.evaluation import evaluate, scores
 from gemma_workloads.evaluation.greedy import generate
 from gemma_workloads.evaluation.rows import eval_dataset, read_rows
@@ -81,6 +81,24 @@ def chat(tmp_path_factory, tiny_sharded):
     config = config_for(tmp_path_factory.mktemp("chat"), str(tiny_sharded.path))
     codec = TextCodec(config.model_path)
     return config, codec, read_rows(eval_dataset(config.dataset, config.evaluation), codec, config.evaluation)
+
+
+def test_rows_come_from_the_eval_file_or_the_held_out_lines(chat, tmp_path):
+    config, codec, rows = chat
+    assert [r.line for r in rows] == [1, 2, 3, 4, 5, 6]
+    lines = Path(config.dataset.path).read_text().splitlines()
+    assert [r.expected for r in rows] == [json.loads(x)["messages"][-1]["content"] for x in lines]
+    assert all(np.array_equal(r.prompt, r.examples[0].tokens[: len(r.prompt)]) for r in rows), "training's tokens"
+    held_out = config.model_copy(update={"evaluation": config.evaluation.model_copy(update={"path": None, "max_rows": 1})})
+    examples = [e for r in rows for e in r.examples]
+    assert [r.line for r in evaluate.prepare(held_out, codec, [examples[4], examples[2]])] == [3], "file order, capped"
+    with pytest.raises(DataError, match=r"the held-out split is empty: set dataset\.eval_fraction or evaluation\.path"):
+        evaluate.prepare(held_out, codec, [])
+    longest = max(len(r.prompt) for r in rows)
+    tight = config.evaluation.model_copy(update={"max_new_tokens": MAX_SEQ_LEN - longest + 1})
+    with pytest.raises(DataError, match=rf"chat\.jsonl:\d: the prompt of {longest} tokens plus evaluation\.max_new_tokens "
+                                        rf"{tight.max_new_tokens} exceeds dataset\.max_seq_len {MAX_SEQ_LEN}"):  # fmt: skip
+        read_rows(eval_dataset(config.dataset, tight), codec, tight)
 
 
 def test_eval_loss_is_the_mean_training_loss_per_answer_token(chat, tiny_sharded):
@@ -207,14 +225,15 @@ def test_a_finished_run_reports_its_figures_and_predictions(finished):
     assert list(figures) == ["evalLoss", "perplexity", "exactMatch", "contains", "regexMatch"]
     assert figures["evalLoss"].rows == 5 and figures["exactMatch"].rows == 5 and figures["regexMatch"].rows == 3
     assert figures["evalLoss"].value < figures["evalLoss"].baseline, "6 steps on the same questions help"
-    predictions = [json.loads(line) for line in (Path(config.output_dir) / "evaluation" / "predictions.jsonl").read_text().splitlines()]
+    folder = Path(config.output_dir) / "evaluation"
+    predictions = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines()]
     assert [p["line"] for p in predictions] == [1, 2, 3, 4, 5]
     assert all({"prompt", "expected", "answer", "hits", "base_answer", "base_hits"} <= set(p) for p in predictions)
     assert [("regexMatch" in p["hits"]) for p in predictions] == [True, True, True, False, False]
     assert figures["exactMatch"].value == sum(p["hits"]["exactMatch"] for p in predictions) / 5
     assert figures["contains"].baseline == sum(p["base_hits"]["contains"] for p in predictions) / 5
     assert predictions[0]["prompt"].endswith("<channel|>") and predictions[0]["expected"].startswith("The capital of")
-    written = json.loads((Path(config.output_dir) / "evaluation" / "metrics.json").read_text())
+    written = json.loads((folder / "metrics.json").read_text())
     assert written == [r.model_dump() for r in outcome.result.evaluation]
 
 

@@ -24,10 +24,10 @@ from flax import nnx
 
 
 def generate(model: nnx.Module, prompts: list[np.ndarray], *, max_new_tokens: int, stop_ids: set[int],
-             batch_size: int, width: int | None = None) -> list[list[int]]:  # fmt: skip
+             batch_size: int) -> list[list[int]]:  # fmt: skip
     """The greedy continuation of each prompt: up to `max_new_tokens` ids, ending at the first stop
-    id (included). `width`: the padded prompt length (default: the longest prompt)."""
-    width = width or max(len(p) for p in prompts)
+    id (included)."""
+    width = max(len(p) for p in prompts)
     stops = jnp.asarray(sorted(stop_ids), jnp.int32)
     out: list[list[int]] = []
     for start in range(0, len(prompts), batch_size):
