@@ -68,8 +68,8 @@ class Data:
     train: batching.Batches
     eval: list[dict[str, np.ndarray]]
     total_steps: int
-    codec: TextCodec
-    evaluation: list[evaluation.EvalRow] | None  # the rows scored after the last step
+    codec: TextCodec | None = None
+    evaluation: list[evaluation.EvalRow] | None = None  # the rows scored after the last step
 
 
 @dataclass
@@ -274,7 +274,7 @@ def run(config: TrainConfig) -> Outcome:
             reporter = fit(trainer, data, config, model_config, preemption=preemption, dropout=dropout,
                            device_mesh=device_mesh)
             scored = None
-            if data.evaluation and trainer.train_steps >= data.total_steps:  # a resumed finished run: this only
+            if data.evaluation and trainer.train_steps >= data.total_steps:  # a restarted finished run does only this
                 scored = evaluation.run(trainer.model, config, data.evaluation, data.codec)
     step, latest = trainer.train_steps, trainer.checkpoint_manager.latest_step()
     status, code = ("succeeded", EXIT_OK) if step >= data.total_steps else ("preempted", EXIT_PREEMPTED)

@@ -93,10 +93,18 @@ def figures(rows: list[EvalRow], tuned: Scores, base: Scores | None) -> list[Met
         return MetricResult(name=name, value=value, baseline=of(base)[0] if base else None, rows=count)
 
     out = [both("evalLoss", lambda s: (s.loss, len(rows))),
-           both("perplexity", lambda s: (math.exp(min(s.loss, 1e4)), len(rows)))]  # fmt: skip
+           both("perplexity", lambda s: (perplexity(s.loss), len(rows)))]  # fmt: skip
     for name in scores.rates(tuned.hits):
         out.append(both(name, lambda s, n=name: scores.rates(s.hits)[n]))
     return out
+
+
+def perplexity(loss_value: float) -> float:
+    """exp(loss); infinite past what a float holds (and then refused as not finite)."""
+    try:
+        return math.exp(loss_value)
+    except OverflowError:
+        return math.inf
 
 
 def not_finite(results: list[MetricResult]) -> str | None:
