@@ -45,7 +45,7 @@ def generate(model: nnx.Module, prompts: list[np.ndarray], *, max_new_tokens: in
     return out
 
 
-@functools.partial(nnx.jit, static_argnums=(5,), donate_argnums=(3,))
+@functools.partial(nnx.jit, static_argnums=(5,))  # the loop updates its cache in place: no donation needed
 def _decode(model, tokens, real, cache, stops, max_new_tokens):
     graph, state = nnx.split(model)  # the loop's body merges its own copy (as Tunix's sampler does)
     batch, width = tokens.shape
