@@ -212,7 +212,38 @@ CASES: dict[str, tuple[str, Break, str]] = {
     "a missing config file": ("merge", lambda i: setattr(i, "missing", True), r"config \S+: \[Errno 2\] No such file"),
     "an output inside an input": (
         "merge", lambda i: i.config.update(output_dir=str(i.model / "out")), r"overlaps base_model_path .* never"),
+    # The evaluation after training.
+    "an evaluation without rows to score": (
+        "train", set_config(evaluation={}), r"evaluation: no rows to score: set evaluation\.path .* or "
+        r"dataset\.eval_fraction"),
+    "a missing eval file": (
+        "train", lambda i: i.config.update(evaluation={"path": str(i.dataset.with_name("eval.jsonl")), "max_new_tokens": 8}),
+        r"dataset \S+eval\.jsonl not found"),
+    "an eval line without an answer": (
+        "train", lambda i: eval_file(i, b'{"messages": [{"role": "user", "content": "Hi"}]}\n'),
+        r"eval\.jsonl:2: no assistant message with content"),
+    "an expected_regex that does not compile": (
+        "train", lambda i: eval_file(i, b'{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", '
+                                        b'"content": "Hello"}], "expected_regex": "Hel(lo"}\n'),
+        r"eval\.jsonl:2: field 'expected_regex': 'Hel\(lo' is not a valid regular expression \(missing \), "),
+    "an expected_regex of the wrong type in the held-out data": (
+        "train", lambda i: (replace_line(i.dataset, 1, b'{"messages": [{"role": "user", "content": "Hi"}, '
+                                                        b'{"role": "assistant", "content": "Hello"}], '
+                                                        b'"expected_regex": 3}\n'),
+                            i.config.update(evaluation={"max_new_tokens": 8}), i.config["dataset"].update(eval_fraction=0.2)),
+        r"chat\.jsonl:1: field 'expected_regex' must be a non-empty string, got 3"),
+    "more new tokens than the sequence holds": (
+        "train", lambda i: (i.config["dataset"].update(eval_fraction=0.2),
+                            i.config.update(evaluation={"max_new_tokens": 64})),
+        r"evaluation\.max_new_tokens 64 leaves no room for a prompt within dataset\.max_seq_len 64"),
 }
+
+
+def eval_file(i: Inputs, line: bytes) -> None:
+    """An eval file of the dataset's first line, then `line`."""
+    path = i.dataset.with_name("eval.jsonl")
+    path.write_bytes(i.dataset.read_bytes().splitlines(keepends=True)[0] + line)
+    i.config["evaluation"] = {"path": str(path), "max_new_tokens": 8}
 
 
 @pytest.mark.parametrize("case", list(CASES))

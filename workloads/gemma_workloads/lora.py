@@ -14,7 +14,11 @@ moments are float32 too. Each projection's output keeps the base's compute dtype
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import re
+import weakref
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +75,7 @@ def apply_lora(model: nnx.Module, lora: LoraConfig, *, seed: int = 0) -> nnx.Mod
     rngs = nnx.Rngs(params=seed, dropout=seed + 1)
     model = qwix.apply_lora_to_model(model, provider, rngs=rngs, skip_nnx_init=True, **inputs)
     _create_adapter(model, rngs, inputs)
+    _PROVIDERS[model] = provider
     for _, var in nnx.iter_graph(model):
         if isinstance(var, nnx.LoRAParam):
             var.set_value(var.get_value().astype(ADAPTER_DTYPE))
@@ -97,3 +102,38 @@ def lora_state(model: nnx.Module) -> nnx.State:
 
 def lora_parameter_count(model: nnx.Module) -> int:
     return sum(x.size for x in jax.tree.leaves(lora_state(model)))
+
+
+_PROVIDERS: weakref.WeakKeyDictionary[nnx.Module, _Float32LoraProvider] = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def dropout_off(model: nnx.Module) -> Iterator[None]:
+    """Trace the model without LoRA dropout: Qwix applies it on every call whose rule has a rate
+    (it has no deterministic mode), which would make an evaluation random. Programs traced inside
+    keep it off; the training step, traced before, keeps it on."""
+    provider = _PROVIDERS.get(model)
+    if provider is None or not any(r.dropout for r in provider._rules):  # noqa: SLF001 (pinned qwix)
+        yield
+        return
+    rules = provider._rules  # noqa: SLF001
+    provider._rules = [dataclasses.replace(r, dropout=0.0) for r in rules]  # noqa: SLF001
+    try:
+        yield
+    finally:
+        provider._rules = rules  # noqa: SLF001
+
+
+@contextlib.contextmanager
+def adapter_off(model: nnx.Module) -> Iterator[None]:
+    """The base model: every LoRA B factor zeroed, so each adapted projection adds exactly 0 to the
+    base's output, then restored. Same shapes, so a program compiled for the model is reused."""
+    state = lora_state(model)
+    saved = jax.tree.map(lambda x: x, state)
+    zeroed = jax.tree_util.tree_map_with_path(
+        lambda path, x: jnp.zeros_like(x) if "lora_b" in jax.tree_util.keystr(path) else x, state)
+    nnx.update(model, zeroed)
+    try:
+        yield
+    finally:
+        nnx.update(model, saved)

@@ -22,6 +22,7 @@ import yaml
 from etils import epath
 
 from gemma_workloads import data, lora_checkpoint, model_folder
+from gemma_workloads.evaluation import rows as eval_rows
 from gemma_workloads.config import (
     EXIT_INVALID_INPUT,
     LORA_METADATA,
@@ -62,6 +63,8 @@ def check_train(config: TrainConfig) -> None:
     """The base model, every dataset line, and what the output folder already holds."""
     check_model(config.model_path, chat=config.dataset.format == "chat")
     check_dataset(config.dataset)
+    if config.evaluation is not None:
+        check_evaluation(config)
     if "://" not in config.output_dir and Path(config.output_dir).is_file():
         raise InputError(f"output_dir {config.output_dir} is a file: it must be a folder (or not exist yet)")
     metadata = epath.Path(config.checkpoint_dir) / LORA_METADATA
@@ -75,6 +78,29 @@ def check_dataset(dataset: DatasetConfig) -> None:
     skipped: list[str] = []
     if not sum(1 for _ in data.rows(dataset, skipped)):
         raise data.no_usable_examples(dataset, skipped)
+
+
+def check_evaluation(config: TrainConfig) -> None:
+    """Where the rows come from, room for the answers, and each row of an eval file (and each
+    `expected_regex`, in the eval file or in the dataset whose held-out rows are scored)."""
+    ev, dataset = config.evaluation, config.dataset
+    if ev.path is None and not dataset.eval_fraction:
+        raise InputError("evaluation: no rows to score: set evaluation.path (an eval JSONL in the dataset's format) "
+                         "or dataset.eval_fraction (a held-out split)")  # fmt: skip
+    if ev.max_new_tokens >= dataset.max_seq_len:
+        raise InputError(f"evaluation.max_new_tokens {ev.max_new_tokens} leaves no room for a prompt within "
+                         f"dataset.max_seq_len {dataset.max_seq_len}")  # fmt: skip
+    source = eval_rows.eval_dataset(dataset, ev) if ev.path is not None else dataset
+    skipped: list[str] = []
+    usable = 0
+    for number, row in data.rows(source, skipped):
+        try:
+            eval_rows.check_regex(row, source.format)
+            usable += 1
+        except ValueError as e:
+            data.invalid(source, skipped, number, str(e))
+    if not usable:
+        raise data.no_usable_examples(source, skipped)
 
 
 def check_merge(config: MergeConfig) -> None:

@@ -44,6 +44,7 @@ from gemma_workloads.config import (
     write_termination_message,
 )
 from gemma_workloads.data import TextCodec, read_examples
+from gemma_workloads.evaluation import evaluate as evaluation
 from gemma_workloads.feed import DataFeed
 from gemma_workloads.input_files import InputError
 from gemma_workloads.model import load_model, read_hf_config, set_remat
@@ -67,6 +68,8 @@ class Data:
     train: batching.Batches
     eval: list[dict[str, np.ndarray]]
     total_steps: int
+    codec: TextCodec | None = None
+    evaluation: list[evaluation.EvalRow] | None = None  # the rows scored after the last step
 
 
 @dataclass
@@ -79,7 +82,8 @@ class Outcome:
 def prepare_data(config: TrainConfig) -> Data:
     """Tokenise and check the whole dataset, lay it out in rows, and count the steps."""
     ds = config.dataset
-    examples = read_examples(ds, TextCodec(config.model_path))
+    codec = TextCodec(config.model_path)
+    examples = read_examples(ds, codec)
     kept = batching.fitting(examples.items, ds.max_seq_len)
     train, held_out = batching.split(kept, ds.eval_fraction, config.seed)
     rows = batching.layout(train, ds.max_seq_len, packing=ds.packing)
@@ -92,7 +96,7 @@ def prepare_data(config: TrainConfig) -> Data:
         evals = batching.eval_batches(batching.layout(held_out, ds.max_seq_len, packing=ds.packing), config.micro_batch_size)
     log.info("data: %d examples -> %d rows of %d tokens (%d held out for eval); %d steps of %d rows",
              len(kept), len(rows), ds.max_seq_len, len(held_out), total, config.batch_size)
-    return Data(data, evals, total)
+    return Data(data, evals, total, codec, evaluation.prepare(config, codec, held_out))
 
 
 def schedule(config: TrainConfig, total_steps: int) -> optax.Schedule:
@@ -269,13 +273,19 @@ def run(config: TrainConfig) -> Outcome:
             trainer = make_trainer(model, config, data.total_steps, device_mesh)
             reporter = fit(trainer, data, config, model_config, preemption=preemption, dropout=dropout,
                            device_mesh=device_mesh)
+            scored = None
+            if data.evaluation and trainer.train_steps >= data.total_steps:  # a restarted finished run does only this
+                scored = evaluation.run(trainer.model, config, data.evaluation, data.codec)
     step, latest = trainer.train_steps, trainer.checkpoint_manager.latest_step()
     status, code = ("succeeded", EXIT_OK) if step >= data.total_steps else ("preempted", EXIT_PREEMPTED)
     result = TrainResult(
         status=status, step=step, total_steps=data.total_steps, loss=reporter.loss, eval_loss=reporter.eval_loss,
         tokens_per_second=reporter.tokens_per_second(),
         checkpoint=checkpoints.step_dir(config, latest) if latest is not None else None,
+        evaluation=scored and scored.results,
     )
+    if scored and scored.problem:  # loud, and the checkpoint stays
+        result, code = result.model_copy(update={"status": "failed", "error": scored.problem}), EXIT_FAILED
     return Outcome(result, code, reporter.history)
 
 
