@@ -69,6 +69,7 @@ def merge(config: MergeConfig) -> tuple[MergeResult, int]:
     """Merge (merging/merger.py); its log and result go to stdout."""
     from gemma_workloads.merging import merger
 
+    _merge_log_to_stdout()
     try:
         result = merger.merge(config)
     except merger.INPUT_ERRORS as e:
@@ -122,8 +123,6 @@ def main(argv: list[str] | None = None, *, termination_log: str = TERMINATION_LO
     """Run a workload; `termination_log`: where a failure goes until the config names its own."""
     args = parser().parse_args(argv)
     workload = WORKLOADS[args.workload]
-    if args.workload == "merge":
-        _merge_log_to_stdout()
     try:
         config = load_config(workload.config, args.config)
         termination_log = config.termination_log
