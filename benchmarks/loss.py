@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from tunix.sft import peft_trainer
 
-from gemma_workloads import loss
+from gemma_workloads.training import loss
 
 LOSSES = {"tunix default": peft_trainer._default_loss_fn, "token_weighted_nll": loss.token_weighted_nll}
 

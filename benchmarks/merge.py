@@ -5,7 +5,7 @@ Generates a synthetic bf16 checkpoint with the 31B model's full-width layers (hi
 and a rank-64 LoRA checkpoint for it, at two depths. For each it measures, each in a fresh
 process and with the files evicted from the page cache first:
 - copy: the base's files copied and synced (what the disk can do),
-- merge: `python -m gemma_workloads.merge` (streaming),
+- merge: what `python -m gemma_workloads merge` runs (streaming),
 - in-memory: the whole base loaded into RAM, merged and saved, as tunix's generic saver does.
 It prints seconds, GB/s, CPU seconds and peak RSS (VmHWM) of each and the ratios to the copy,
 then deletes everything it wrote. A shared disk's speed varies from minute to minute: with
@@ -102,7 +102,7 @@ def run_copy(base: Path, out: Path) -> None:
 
 
 def run_merge(base: Path, ckpt: Path, out: Path) -> None:
-    from gemma_workloads import merge
+    from gemma_workloads.merging import merger as merge
 
     config = MergeConfig(base_model_path=str(base), checkpoint_dir=str(ckpt), output_dir=str(out), dtype="bfloat16",
                          workers=int(os.environ.get("MERGE_WORKERS", "2")), termination_log=os.devnull)  # fmt: skip
@@ -114,7 +114,8 @@ def run_in_memory(base: Path, ckpt: Path, out: Path) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from gemma_workloads import lora_checkpoint, lora_mapping
+    from gemma_workloads.merging import checkpoint_reader as lora_checkpoint
+    from gemma_workloads.merging import lora_mapping
 
     index = json.loads((base / "model.safetensors.index.json").read_text())
     state = {}

@@ -5,7 +5,7 @@ shards are sparse files: the headers are real, the weights are holes, so it cost
 the check reads what it would read on a real copy. The tokenizer has the real vocabulary's size
 (a word-level one: the real BPE file is larger, with its merges). The dataset is N chat lines.
 It prints the time of each part of the check, in process, then the wall time of
-`python -m gemma_workloads.train` refusing the same folder with one shard a Git LFS pointer
+`python -m gemma_workloads train` refusing the same folder with one shard a Git LFS pointer
 (process start to exit 2), and deletes what it wrote.
 
     python benchmarks/preflight.py [--lines 50000] [--dir DIR]
@@ -107,9 +107,9 @@ def main() -> None:
         sorted(model.glob("*.safetensors"))[shards // 2].write_text("version https://git-lfs.github.com/spec/v1\n")
         (root / "train.json").write_text(config.dumps())
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "gemma_workloads.train", "--config", str(root / "train.json")],
+        done = subprocess.run([sys.executable, "-m", "gemma_workloads", "train", "--config", str(root / "train.json")],
                               capture_output=True, text=True)  # fmt: skip
-        print(f"python -m gemma_workloads.train, a Git LFS pointer: exit {done.returncode} after "
+        print(f"python -m gemma_workloads train, a Git LFS pointer: exit {done.returncode} after "
               f"{time.perf_counter() - start:.2f} s: {done.stderr.strip()[:160]}")
 
 

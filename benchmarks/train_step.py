@@ -23,9 +23,12 @@ import numpy as np
 from flax import nnx
 from tunix.models.gemma4 import model as gemma4
 
-from gemma_workloads import batches, mesh, model, tiny, train
+from gemma_workloads import tiny
 from gemma_workloads.config import DatasetConfig, LoraConfig, TrainConfig
-from gemma_workloads.preemption import Preemption
+from gemma_workloads.training import batches, mesh
+from gemma_workloads.training import model_loader as model
+from gemma_workloads.training import trainer as train
+from gemma_workloads.training.preemption import Preemption
 
 
 def model_config(args: argparse.Namespace) -> gemma4.ModelConfig:

@@ -35,7 +35,7 @@ def test_single_host_v5p8_is_one_pod_with_four_chips():
                                     "cloud.google.com/gke-tpu-topology": "2x2x1", "cloud.google.com/gke-spot": "true"}
     assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     assert spec["restartPolicy"] == "Never" and c["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    assert c["command"] == ["python", "-m", "gemma_workloads.train", "--config", "/etc/gemma-tpu/train.json"]
+    assert c["command"] == ["python", "-m", "gemma_workloads", "train", "--config", "/etc/gemma-tpu/train.json"]
     assert {"name": "XLA_FLAGS", "value": "--xla_llvm_disable_expensive_passes=true"} in c["env"]
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}

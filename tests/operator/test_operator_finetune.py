@@ -50,7 +50,7 @@ async def test_happy_path_train_merge_succeed(operator, cluster):
     await cluster.job_succeeded(NS, train_name, {"status": "succeeded", "step": 100, "total_steps": 100, "loss": 0.5,
                                                  "tokens_per_second": 950.0, "checkpoint": ckpt})  # fmt: skip
     mjob = await cluster.job(NS, merge_name)
-    assert mjob["spec"]["template"]["spec"]["containers"][0]["command"][2] == "gemma_workloads.merge"
+    assert mjob["spec"]["template"]["spec"]["containers"][0]["command"][2:4] == ["gemma_workloads", "merge"]
     mcm = await cluster.get("ConfigMap", NS, merge_name)
     assert json.loads(mcm["data"]["merge.json"])["step"] == 100
     await cluster.phase("GemmaFineTune", NS, "ft", "Merging")
@@ -251,7 +251,7 @@ async def test_a_merge_refusing_its_base_shows_the_workloads_own_message(operato
     config = MergeConfig(base_model_path=str(base), checkpoint_dir=str(tmp_path / "ckpt"),
                          output_dir=str(tmp_path / "out"), termination_log=str(tmp_path / "termination-log"))
     (tmp_path / "merge.json").write_text(config.dumps())
-    done = subprocess.run([sys.executable, "-m", "gemma_workloads.merge", "--config", str(tmp_path / "merge.json")],
+    done = subprocess.run([sys.executable, "-m", "gemma_workloads", "merge", "--config", str(tmp_path / "merge.json")],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2, done.stderr
     message = (tmp_path / "termination-log").read_text()

@@ -51,7 +51,7 @@ def test_render_cli_prints_the_first_phase(capsys):
     assert cli.main_exit(["render", "-f", str(EXAMPLES / "gemma4-31b-v5p8.yaml"), "--phase", "merge"]) == 0
     objs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [o["kind"] for o in objs] == ["ConfigMap", "Job"]
-    assert objs[1]["spec"]["template"]["spec"]["containers"][0]["command"][:3] == ["python", "-m", "gemma_workloads.merge"]
+    assert objs[1]["spec"]["template"]["spec"]["containers"][0]["command"][:4] == ["python", "-m", "gemma_workloads", "merge"]
 
 
 def test_render_writes_every_object_in_full(capsys):

@@ -5,6 +5,8 @@ every import counts, a lazy one inside a function too.
   their contract (gemma_workloads.config, pydantic only);
 - the API (api.py) imports pydantic, the standard library and the contract modules only;
 - the workloads never import the operator or the local cluster, and their contract is pydantic only;
+- the workloads' programs (training/, merging/) never import each other, and of the shared modules
+  only the runner imports them (and the pre-flight check the reader of the LoRA checkpoint);
 - inside the operator, each layer imports only its own and the layers below, with no cycle.
 """
 
@@ -30,6 +32,11 @@ OPERATOR_LAYERS = [
     ("runner", ("gemma_operator.runner",)),
     ("command line", ("gemma_operator.cli",)),
 ]
+WORKLOAD_PROGRAMS = ("gemma_workloads.training", "gemma_workloads.merging")
+# The shared modules that import a program, and what of it.
+PROGRAM_IMPORTERS = {"gemma_workloads.runner": WORKLOAD_PROGRAMS,
+                     "gemma_workloads.preflight": ("gemma_workloads.merging.checkpoint_reader",
+                                                  "gemma_workloads.training.evaluation.rows")}  # fmt: skip
 API_MAY_IMPORT = {"pydantic", "gemma_workloads.config", "gemma_operator.vllm_flags", "gemma_operator.tpu",
                   "gemma_operator.model_shapes"}  # fmt: skip
 
@@ -74,7 +81,8 @@ def of(package: str) -> list[str]:
 
 
 def test_every_package_is_read():
-    assert {"gemma_operator.api", "gemma_operator.plan.finetune", "gemma_workloads.config", "gemma_devcluster.dev"} <= set(MODULES)
+    assert {"gemma_operator.api", "gemma_operator.plan.finetune", "gemma_workloads.config", "gemma_devcluster.dev",
+            "gemma_workloads.training.trainer", "gemma_workloads.merging.merger"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("module", of("gemma_operator"))
@@ -94,6 +102,13 @@ def test_the_api_imports_pydantic_the_standard_library_and_the_contract_only():
 @pytest.mark.parametrize("module", of("gemma_workloads"))
 def test_the_workloads_never_import_the_operator_or_the_local_cluster(module):
     assert not [i for i in IMPORTS[module] if _top(i) in ("gemma_operator", "gemma_devcluster")]
+
+
+@pytest.mark.parametrize("module", of("gemma_workloads"))
+def test_training_and_merging_never_import_each_other_and_only_the_runner_imports_them(module):
+    allowed = tuple(p for p in WORKLOAD_PROGRAMS if _within(module, (p,))) + PROGRAM_IMPORTERS.get(module, ())
+    wrong = sorted(i for i in IMPORTS[module] if _within(i, WORKLOAD_PROGRAMS) and not _within(i, allowed))
+    assert not wrong, f"{module} imports {wrong}"
 
 
 def test_the_contract_is_pydantic_only():

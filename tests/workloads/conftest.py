@@ -54,7 +54,8 @@ def lora_run(tiny_sharded, token_ids, tmp_path_factory):
     from flax import nnx
     from tunix.sft.checkpoint_manager import CheckpointManager
 
-    from gemma_workloads import lora, model
+    from gemma_workloads.training import lora
+    from gemma_workloads.training import model_loader as model
     from gemma_workloads.config import LORA_METADATA, LoraConfig, LoraMetadata
 
     config = LoraConfig(rank=4, alpha=8.0)

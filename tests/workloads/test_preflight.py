@@ -1,5 +1,5 @@
 """Broken inputs of the kinds that reach a real cluster, each through the real entry point
-(`python -m gemma_workloads.train|merge`): exit 2, a termination message naming the file and the
+(`python -m gemma_workloads train|merge`): exit 2, a termination message naming the file and the
 place in it, no traceback, nothing written, and JAX never imported (so no device touched)."""
 
 import json
@@ -255,7 +255,7 @@ def test_a_broken_input_exits_2_naming_it_before_jax_is_imported(case, tmp_path,
     path = tmp_path / "config.yaml"
     if not i.missing:
         path.write_text(i.text or json.dumps(i.config))
-    command = [sys.executable, "-X", "importtime", "-m", f"gemma_workloads.{workload}", "--config", str(path)]
+    command = [sys.executable, "-X", "importtime", "-m", "gemma_workloads", workload, "--config", str(path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     # Python's own log of every module imported: without jax, no device can have been touched.
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}

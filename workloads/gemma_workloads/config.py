@@ -1,7 +1,7 @@
 """The contract between the operator and the pods it starts.
 
 The operator renders a `TrainConfig` or `MergeConfig` into a ConfigMap; the pod reads it with
-`python -m gemma_workloads.train --config FILE` (or `.merge`). Results come back the other way:
+`python -m gemma_workloads train --config FILE` (or `merge`). Results come back the other way:
 a JSON `TrainResult`/`MergeResult` in the pod's termination message, and `Progress` lines on
 stdout that the operator reads from the pod log. This module must stay light (pydantic only):
 the operator imports it and never imports jax.

@@ -17,7 +17,7 @@ from gemma_workloads.safetensors_io import INDEX, BaseCheckpoint, open_checkpoin
 
 # config.json's `model_type` of Gemma 4 (transformers' models/gemma4/configuration_gemma4.py).
 GEMMA4_MODEL_TYPES = ("gemma4", "gemma4_text")
-# The text config's fields that model.tunix_config reads without a default, and their JSON types.
+# The text config's fields that model_loader.tunix_config reads without a default, and their JSON types.
 REQUIRED_FIELDS: dict[str, type] = {
     "vocab_size": int, "hidden_size": int, "intermediate_size": int, "num_hidden_layers": int,
     "num_attention_heads": int, "head_dim": int, "num_key_value_heads": int, "layer_types": list,

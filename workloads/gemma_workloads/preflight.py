@@ -1,7 +1,7 @@
 """Every input of a workload checked before the accelerator is touched.
 
-`python -m gemma_workloads.train|merge` runs these checks first, before JAX is even imported
-(`refuse_broken_inputs`), so a broken input costs a second rather than the staging and load of
+`python -m gemma_workloads train|merge` runs these checks first, before JAX is even imported
+(runner.py), so a broken input costs a second rather than the staging and load of
 a 31B model: the config file, the model folder (`model_folder`), each dataset line, the LoRA
 checkpoint and the output location. A failure exits 2 with one message, in the termination log
 too, naming the file and where it applies the line, field, shard or tensor, and the fix;
@@ -12,51 +12,16 @@ weights are downloaded, and the rest once they are (`sources.py`).
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
-from typing import TypeVar
 
-import pydantic
-import yaml
 from etils import epath
 
-from gemma_workloads import data, lora_checkpoint, model_folder
-from gemma_workloads.evaluation import rows as eval_rows
-from gemma_workloads.config import (
-    EXIT_INVALID_INPUT,
-    LORA_METADATA,
-    TERMINATION_LOG,
-    DatasetConfig,
-    MergeConfig,
-    MergeResult,
-    TrainConfig,
-    TrainResult,
-    write_termination_message,
-)
+from gemma_workloads import data, model_folder
+from gemma_workloads.config import LORA_METADATA, DatasetConfig, MergeConfig, TrainConfig
 from gemma_workloads.input_files import InputError
+from gemma_workloads.merging import checkpoint_reader as lora_checkpoint
+from gemma_workloads.training.evaluation import rows as eval_rows
 from gemma_workloads.sources import HF_PREFIX, SMALL_FILES, resolve_model
-
-Config = TypeVar("Config", TrainConfig, MergeConfig)
-
-
-def load_config(cls: type[Config], path: str) -> Config:
-    """A workload config file (JSON or YAML), or InputError naming the file and the line or field."""
-    try:
-        return cls.load(path)
-    except pydantic.ValidationError as e:
-        raise InputError(f"config {path}: {validation_message(e)}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
-        problem = getattr(e, "problem", None) or e
-        raise InputError(f"config {path}: {where}neither JSON nor YAML ({problem})") from None
-    except (OSError, ValueError) as e:
-        raise InputError(f"config {path}: {e}") from None
-
-
-def validation_message(error: pydantic.ValidationError) -> str:
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())
 
 
 def check_train(config: TrainConfig) -> None:
@@ -151,37 +116,3 @@ def check_checkpoint(config: MergeConfig) -> None:
         step = steps[-1][1] if steps else None
     if step is not None and lora_checkpoint.committed(step):
         lora_checkpoint.check_array_data(step)
-
-
-# ---------------------------------------------------------------------------- the entry points
-
-WORKLOADS = {"train": (TrainConfig, TrainResult, check_train), "merge": (MergeConfig, MergeResult, check_merge)}
-
-
-def refuse_broken_inputs(workload: str, argv: list[str]) -> None:
-    """Exit 2 if an input of `python -m gemma_workloads.<workload> --config FILE` is broken;
-    return if every check passes (the workload's own argument parser reports a bad command line)."""
-    config_type, result_type, check = WORKLOADS[workload]
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--config")
-    path = parser.parse_known_args(argv)[0].config
-    if path is None:
-        return
-    termination_log = TERMINATION_LOG
-    try:
-        config = load_config(config_type, path)
-        termination_log = config.termination_log
-        check(config)
-    except InputError as e:
-        sys.exit(refuse(result_type(status="failed", error=str(e)), termination_log))
-
-
-def refuse(result: TrainResult | MergeResult, termination_log: str) -> int:
-    """Report a broken input where the operator and a person read it; the exit code for it."""
-    report(result, termination_log)
-    return EXIT_INVALID_INPUT
-
-
-def report(result: TrainResult | MergeResult, termination_log: str) -> None:
-    write_termination_message(result, termination_log)
-    print(f"error: {result.error}", file=sys.stderr, flush=True)

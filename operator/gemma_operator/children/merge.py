@@ -76,7 +76,7 @@ def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> d
     container = {
         "name": CONTAINER,
         "image": plan.merge_image,
-        "command": ["python", "-m", "gemma_workloads.merge", "--config", f"{CONFIG_DIR}/{MERGE_CONFIG_FILE}"],
+        "command": ["python", "-m", "gemma_workloads", "merge", "--config", f"{CONFIG_DIR}/{MERGE_CONFIG_FILE}"],
         "env": env,
         "resources": {
             "requests": {"cpu": str(plan.merge.workers), "memory": memory, **common.staging_storage(staged)},

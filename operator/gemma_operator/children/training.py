@@ -1,6 +1,6 @@
 """The training workload: a Job on a single-host slice (v5p-8), a JobSet on multi-host slices.
 
-The pod runs `python -m gemma_workloads.train --config /etc/gemma-tpu/train.json`, requesting
+The pod runs `python -m gemma_workloads train --config /etc/gemma-tpu/train.json`, requesting
 every chip of its TPU VM. Multi-host slices need the GKE TPU webhook to inject TPU_WORKER_ID and
 TPU_WORKER_HOSTNAMES, which it does for Indexed Jobs with a headless-Service subdomain: JobSet
 provides both, plus one child Job per node pool (exclusive topology) and gang restarts.
@@ -75,7 +75,7 @@ def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": plan.image,
-        "command": ["python", "-m", "gemma_workloads.train", "--config", f"{CONFIG_DIR}/{TRAIN_CONFIG_FILE}"],
+        "command": ["python", "-m", "gemma_workloads", "train", "--config", f"{CONFIG_DIR}/{TRAIN_CONFIG_FILE}"],
         "env": env,
         "resources": _resources(plan, settings),
         "volumeMounts": [cfg_mount, shm_mount, *staging_mounts, *store_mounts],

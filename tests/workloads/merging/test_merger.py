@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from gemma_workloads import merge, merge_output, tiny
+from gemma_workloads import runner, tiny
 from gemma_workloads.config import EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_OK, MergeConfig
+from gemma_workloads.merging import merge_output
+from gemma_workloads.merging import merger as merge
 
 
 def run_merge(tmp_path: Path, **fields) -> tuple[int, dict]:
@@ -23,7 +25,7 @@ def run_merge(tmp_path: Path, **fields) -> tuple[int, dict]:
     config = MergeConfig(termination_log=str(tmp_path / "termination-log"), **fields)
     path = tmp_path / "merge-config.json"
     path.write_text(config.dumps())
-    code = merge.main(["--config", str(path)])
+    code = runner.main(["merge", "--config", str(path)])
     return code, json.loads(Path(config.termination_log).read_text())
 
 
@@ -57,7 +59,7 @@ def merged_fp32(tiny_sharded, lora_run, tmp_path_factory):
 
 
 def test_merged_model_matches_the_jax_lora_model(merged_fp32, lora_run, token_ids):
-    from tests.workloads.test_model import hf_logits
+    from tests.workloads.training.test_model_loader import hf_logits
 
     out, result = merged_fp32
     ours, reference = hf_logits(out, token_ids), lora_run[1]
@@ -94,7 +96,8 @@ def test_by_default_every_tensor_keeps_the_base_dtype(merged_fp32, tiny_sharded)
 
 
 def test_an_explicit_dtype_is_given_to_the_merged_projections(tiny_sharded, lora_run):
-    from gemma_workloads import lora_checkpoint, lora_mapping
+    from gemma_workloads.merging import checkpoint_reader as lora_checkpoint
+    from gemma_workloads.merging import lora_mapping
     from gemma_workloads.safetensors_io import open_checkpoint
 
     base = open_checkpoint(str(tiny_sharded.path))
@@ -196,7 +199,7 @@ def test_an_output_holding_something_else_is_refused_and_left_alone(tiny_sharded
 
 
 def test_a_failure_mid_merge_stops_every_shard_and_publishes_nothing(tiny_sharded, lora_run, tmp_path, monkeypatch):
-    from gemma_workloads import lora_mapping
+    from gemma_workloads.merging import lora_mapping
 
     def broken(self, start, stop, out):
         raise MemoryError("no room for the delta")
@@ -295,7 +298,7 @@ def test_step_selection(tiny_sharded, lora_run, tmp_path):
     shutil.copytree(ckpt / "2", ckpt / "3.orbax-checkpoint-tmp-17")  # a save in progress
     shutil.copytree(ckpt / "2", ckpt / "4")
     (ckpt / "4" / "_CHECKPOINT_METADATA").unlink()  # a step copied in part
-    from gemma_workloads import lora_checkpoint
+    from gemma_workloads.merging import checkpoint_reader as lora_checkpoint
 
     assert list(lora_checkpoint.complete_steps(str(ckpt))) == [1, 2]
     assert lora_checkpoint.locate(str(ckpt), None, None).step == 2
@@ -323,7 +326,7 @@ def merge_process(config: MergeConfig, path: Path) -> subprocess.Popen:
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so a child of this (large)
     # test process would report the parent's peak.
     code = (
-        "import re, sys\nfrom gemma_workloads.merge import main\ncode = main(sys.argv[1:])\n"
+        "import re, sys\nfrom gemma_workloads.runner import main\ncode = main(['merge', *sys.argv[1:]])\n"
         "hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
         "print('peak_rss_kib', hwm, flush=True)\nsys.exit(code)"
     )

@@ -14,13 +14,15 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from gemma_workloads import lora, mesh, tiny, train
+from gemma_workloads import runner, tiny
 from gemma_workloads.config import EXIT_FAILED, EXIT_OK, LoraConfig, TrainConfig
 from gemma_workloads.data import DataError, TextCodec
-from gemma_workloads.evaluation import evaluate, scores
-from gemma_workloads.evaluation.greedy import generate
-from gemma_workloads.evaluation.rows import eval_dataset, read_rows
-from gemma_workloads.model import load_model
+from gemma_workloads.training import lora, mesh
+from gemma_workloads.training import trainer as train
+from gemma_workloads.training.evaluation import evaluate, scores
+from gemma_workloads.training.evaluation.greedy import generate
+from gemma_workloads.training.evaluation.rows import eval_dataset, read_rows
+from gemma_workloads.training.model_loader import load_model
 
 MAX_SEQ_LEN = 64
 
@@ -267,7 +269,7 @@ def test_a_figure_that_is_not_finite_fails_the_run_and_keeps_the_checkpoint(fini
     path = tmp_path / "config.json"
     path.write_text(config.dumps())
     before = checkpoint_files(config)
-    assert train.main(["--config", str(path)]) == EXIT_FAILED
+    assert runner.main(["train", "--config", str(path)]) == EXIT_FAILED
     result = json.loads(Path(config.termination_log).read_text())
     assert result["status"] == "failed" and result["step"] == 6 and result["checkpoint"].endswith("/6")
     assert result["error"].startswith("evaluation: figures that are not finite: evalLoss nan (base nan)"), result

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gemma_workloads import tiny, train
+from gemma_workloads import tiny
 from gemma_workloads.config import EXIT_OK, TrainConfig
-from tests.workloads.test_merge import run_merge
+from gemma_workloads.training import trainer as train
+from tests.workloads.merging.test_merger import run_merge
 
 SYSTEM = "Be brief."
 END_OF_TURN = "<turn|>"  # Gemma 4 closes a model turn with it; vLLM stops there (generation_config.json's eos_token_id)

@@ -16,8 +16,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 from tunix.sft import hooks, peft_trainer, sharding_utils
 
-from gemma_workloads.batches import Batches
-from gemma_workloads.preemption import Preempted, Preemption
+from gemma_workloads.training.batches import Batches
+from gemma_workloads.training.preemption import Preempted, Preemption
 
 
 class DataFeed(hooks.DataHooks):

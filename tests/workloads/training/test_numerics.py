@@ -13,9 +13,10 @@ import optax
 import pytest
 
 from gemma_operator.failure_policy import Action, action_for
-from gemma_workloads import tiny, train
+from gemma_workloads import runner, tiny
 from gemma_workloads.config import EXIT_FAILED, EXIT_OK, TrainConfig, TrainResult
-from tests.workloads.test_train import lora_params
+from gemma_workloads.training import trainer as train
+from tests.workloads.training.test_train import lora_params
 
 DTYPES = ("bfloat16", "float32")
 STEPS = 12
@@ -114,7 +115,7 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step(release_runs, tiny_rele
                                           "termination_log": str(tmp_path / "termination-log")})
     path = tmp_path / "config.json"
     path.write_text(config.dumps())
-    assert train.main(["--config", str(path)]) == EXIT_FAILED
+    assert runner.main(["train", "--config", str(path)]) == EXIT_FAILED
     assert action_for(EXIT_FAILED) is Action.FAIL
     result = TrainResult.model_validate_json(Path(config.termination_log).read_text())
     assert result.status == "failed" and result.error.startswith("step 1: the loss is nan"), result.error

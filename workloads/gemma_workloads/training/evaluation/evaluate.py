@@ -13,13 +13,13 @@ import jax
 from etils import epath
 from flax import nnx
 
-from gemma_workloads import batches as batching
-from gemma_workloads import lora, loss
+from gemma_workloads.training import batches as batching
+from gemma_workloads.training import lora, loss
 from gemma_workloads.config import MetricResult, TrainConfig, join
 from gemma_workloads.data import DataError, Example, TextCodec
-from gemma_workloads.evaluation import scores
-from gemma_workloads.evaluation.greedy import generate
-from gemma_workloads.evaluation.rows import EvalRow, eval_dataset, read_rows
+from gemma_workloads.training.evaluation import scores
+from gemma_workloads.training.evaluation.greedy import generate
+from gemma_workloads.training.evaluation.rows import EvalRow, eval_dataset, read_rows
 
 log = logging.getLogger(__name__)
 

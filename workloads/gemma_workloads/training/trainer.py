@@ -1,6 +1,6 @@
-"""`python -m gemma_workloads.train --config FILE`: LoRA fine-tuning of Gemma 4, the seed paper's
-recipe (Tunix PeftTrainer, Qwix LoRA, AdamW with warmup and decay, fsdp x tp mesh, Orbax
-checkpoints), for any Gemma 4 checkpoint in Hugging Face format, local or on gs://.
+"""LoRA fine-tuning of Gemma 4, the seed paper's recipe (Tunix PeftTrainer, Qwix LoRA, AdamW with
+warmup and decay, fsdp x tp mesh, Orbax checkpoints), for any Gemma 4 checkpoint in Hugging Face
+format, local or on gs://; `python -m gemma_workloads train --config FILE` runs it (runner.py).
 
 The run checks every input before touching a device (preflight.py; as a program, before JAX is
 imported), resumes from the latest complete checkpoint, reports progress on stdout, and ends with
@@ -9,14 +9,6 @@ a `TrainResult` in the termination log and an exit code the operator acts on (co
 
 from __future__ import annotations
 
-import sys
-
-if __name__ == "__main__":  # a broken input is refused in a second, before the imports below load JAX
-    from gemma_workloads.preflight import refuse_broken_inputs
-
-    refuse_broken_inputs("train", sys.argv[1:])
-
-import argparse
 import functools
 import logging
 from dataclasses import dataclass
@@ -30,28 +22,20 @@ from flax import nnx
 from tunix.models.gemma4 import model as gemma4
 from tunix.sft import peft_trainer
 
-from gemma_workloads import batches as batching
-from gemma_workloads import checkpoints, lora, loss, mesh, metrics, preflight
-from gemma_workloads.config import (
-    EXIT_FAILED,
-    EXIT_INVALID_INPUT,
-    EXIT_OK,
-    EXIT_PREEMPTED,
-    TERMINATION_LOG,
-    Progress,
-    TrainConfig,
-    TrainResult,
-    write_termination_message,
-)
+from gemma_workloads.config import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, Progress, TrainConfig, TrainResult
 from gemma_workloads.data import TextCodec, read_examples
-from gemma_workloads.evaluation import evaluate as evaluation
-from gemma_workloads.feed import DataFeed
 from gemma_workloads.input_files import InputError
-from gemma_workloads.model import load_model, read_hf_config, set_remat
 from gemma_workloads.model_folder import check_model_folder
-from gemma_workloads.preemption import Preempted, Preemption
-from gemma_workloads.progress import NonFiniteStep, ProgressReporter
 from gemma_workloads.sources import resolve_model
+from gemma_workloads.training import batches as batching
+from gemma_workloads.training import checkpoint_writer as checkpoints
+from gemma_workloads.training import flops as metrics
+from gemma_workloads.training import lora, loss, mesh
+from gemma_workloads.training.evaluation import evaluate as evaluation
+from gemma_workloads.training.feed import DataFeed
+from gemma_workloads.training.model_loader import load_model, read_hf_config, set_remat
+from gemma_workloads.training.preemption import Preempted, Preemption
+from gemma_workloads.training.progress import NonFiniteStep, ProgressReporter
 
 log = logging.getLogger("gemma_workloads.train")
 
@@ -287,45 +271,3 @@ def run(config: TrainConfig) -> Outcome:
     if scored and scored.problem:  # loud, and the checkpoint stays
         result, code = result.model_copy(update={"status": "failed", "error": scored.problem}), EXIT_FAILED
     return Outcome(result, code, reporter.history)
-
-
-def _describe(error: Exception) -> str:
-    return preflight.validation_message(error) if isinstance(error, pydantic.ValidationError) else str(error)
-
-
-def main(argv: list[str] | None = None, *, checked: bool = False) -> int:
-    """The program; `checked`: `refuse_broken_inputs` already checked the inputs."""
-    parser = argparse.ArgumentParser(description="LoRA fine-tuning of Gemma 4 (Tunix + Qwix).")
-    parser.add_argument("--config", required=True, help="TrainConfig file (JSON or YAML)")
-    args = parser.parse_args(argv)
-    try:
-        config = preflight.load_config(TrainConfig, args.config)
-    except InputError as e:
-        return _fail(str(e), EXIT_INVALID_INPUT, TERMINATION_LOG)
-    try:
-        if not checked:
-            preflight.check_train(config)
-        outcome = run(config)
-    except BAD_INPUT as e:
-        return _fail(_describe(e), EXIT_INVALID_INPUT, config.termination_log)
-    except NonFiniteStep as e:  # an application error: a retry would diverge the same way
-        return _fail(str(e), EXIT_FAILED, config.termination_log)
-    except Exception as e:  # noqa: BLE001 (any other failure is reported, then the pod fails)
-        log.exception("training failed")
-        return _fail(f"{type(e).__name__}: {e}", EXIT_FAILED, config.termination_log)
-    write_termination_message(outcome.result, config.termination_log)
-    log.info("result: %s", outcome.result.model_dump_json(exclude_none=True))
-    return outcome.exit_code
-
-
-def _fail(message: str, code: int, termination_log: str) -> int:
-    preflight.report(TrainResult(status="failed", error=message), termination_log)
-    return code
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        force=True)  # absl installs a root handler at import
-    for noisy in ("absl", "jax", "orbax"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    sys.exit(main(checked=True))

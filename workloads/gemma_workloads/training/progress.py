@@ -20,7 +20,7 @@ from flax import nnx
 from tunix.sft import hooks
 
 from gemma_workloads.config import Progress, join
-from gemma_workloads.metrics import mfu
+from gemma_workloads.training.flops import mfu
 
 PROGRESS_FILE = "progress.json"
 

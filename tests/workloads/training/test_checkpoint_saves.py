@@ -8,7 +8,7 @@ import time
 from flax import nnx
 from tunix.sft.checkpoint_manager import CheckpointManager
 
-from gemma_workloads import checkpoints
+from gemma_workloads.training import checkpoint_writer as checkpoints
 from gemma_workloads.config import TrainConfig
 
 

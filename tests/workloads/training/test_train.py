@@ -17,13 +17,18 @@ import optax
 import pytest
 from flax import nnx
 
-from gemma_workloads import batches, checkpoints, lora, lora_checkpoint, loss, mesh, metrics, tiny, train
+from gemma_workloads import runner, tiny
 from gemma_workloads.config import (
     EXIT_INVALID_INPUT, EXIT_OK, EXIT_PREEMPTED, LORA_METADATA, DatasetConfig, LoraMetadata, Progress, TrainConfig,
     TrainResult,
 )
 from gemma_workloads.data import Example, TextCodec, read_examples
-from gemma_workloads.model import load_model, read_hf_config, set_remat, tunix_config
+from gemma_workloads.merging import checkpoint_reader as lora_checkpoint
+from gemma_workloads.training import batches, lora, loss, mesh
+from gemma_workloads.training import checkpoint_writer as checkpoints
+from gemma_workloads.training import flops as metrics
+from gemma_workloads.training import trainer as train
+from gemma_workloads.training.model_loader import load_model, read_hf_config, set_remat, tunix_config
 
 FORMATS = ("chat", "prompt-completion", "text")
 STEPS, EVERY = 30, 5
@@ -256,13 +261,13 @@ class Ended:
 
 
 def run_cli(config: TrainConfig, tmp: Path, name: str, *, sigterm_at: int | None = None, devices: int = 1) -> Ended:
-    """`python -m gemma_workloads.train` in a subprocess; SIGTERM once it reports `sigterm_at`."""
+    """`python -m gemma_workloads train` in a subprocess; SIGTERM once it reports `sigterm_at`."""
     path = tmp / f"{name}.json"
     path.write_text(config.dumps())
     err = tmp / f"{name}.stderr"
     env = os.environ | {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
     with err.open("w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "gemma_workloads.train", "--config", str(path)],
+        proc = subprocess.Popen([sys.executable, "-m", "gemma_workloads", "train", "--config", str(path)],
                                 stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
         progress = []
         for line in proc.stdout:
@@ -297,7 +302,7 @@ def test_sigterm_then_restart_ends_where_an_uninterrupted_run_ends(runs, tmp_pat
     assert latest == EVERY * (second.result.step // EVERY) > stopped, "only the periodic checkpoint stands"
 
     (tmp_path / "third.json").write_text(config.dumps())  # the last restart runs here: its compiled code is warm
-    assert train.main(["--config", str(tmp_path / "third.json")]) == EXIT_OK
+    assert runner.main(["train", "--config", str(tmp_path / "third.json")]) == EXIT_OK
     third = [Progress.model_validate_json(line) for line in capsys.readouterr().out.splitlines()]
     assert third[0].step == latest + 1 and third[-1].step == STEPS
     result = TrainResult.model_validate_json(Path(config.termination_log).read_text())
@@ -371,7 +376,7 @@ def assert_exits_2(tmp: Path, values: dict, message: str, capsys) -> None:
     path.write_text(json.dumps(values))
     termination_log = Path(values["termination_log"])
     termination_log.unlink(missing_ok=True)
-    assert train.main(["--config", str(path)]) == EXIT_INVALID_INPUT
+    assert runner.main(["train", "--config", str(path)]) == EXIT_INVALID_INPUT
     assert_error(capsys.readouterr().err, message)
     result = TrainResult.model_validate_json(termination_log.read_text())
     assert result.status == "failed"

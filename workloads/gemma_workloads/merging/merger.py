@@ -1,4 +1,4 @@
-"""`python -m gemma_workloads.merge --config FILE`: the LoRA adapter merged into HF safetensors.
+"""The LoRA adapter merged into HF safetensors (`python -m gemma_workloads merge --config FILE`).
 
 Runs on a CPU node after training. It plans the output shards from the base's headers, then
 streams them (`shard_pipeline`): a block of rows at a time, so memory holds the LoRA state and
@@ -11,21 +11,12 @@ input is checked first (preflight.py; as a program, before JAX is imported).
 
 from __future__ import annotations
 
-import sys
-
-if __name__ == "__main__":  # a broken input is refused in a second, before the imports below load JAX
-    from gemma_workloads.preflight import refuse_broken_inputs
-
-    refuse_broken_inputs("merge", sys.argv[1:])
-
-import argparse
 import functools
 import hashlib
 import json
 import logging
 import math
 import time
-import traceback
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -33,19 +24,18 @@ from pathlib import Path
 
 from threadpoolctl import threadpool_limits
 
-from gemma_workloads import lora_checkpoint, lora_mapping, merge_output, preflight
-from gemma_workloads.config import (
-    EXIT_FAILED,
-    EXIT_INVALID_INPUT,
-    EXIT_OK,
-    LORA_MODULES,
-    MERGE_SHARD_WRITERS,
-    TERMINATION_LOG,
-    MergeConfig,
-    MergeResult,
-    write_termination_message,
-)
+from gemma_workloads import preflight
+from gemma_workloads.config import LORA_MODULES, MERGE_SHARD_WRITERS, MergeConfig, MergeResult
 from gemma_workloads.input_files import InputError
+from gemma_workloads.merging import checkpoint_reader as lora_checkpoint
+from gemma_workloads.merging import lora_mapping, merge_output
+from gemma_workloads.merging.shard_pipeline import (
+    Block,
+    Pipeline,
+    copy_blocks,
+    merge_blocks,
+    write_shard_file,
+)
 from gemma_workloads.model_folder import check_model_folder
 from gemma_workloads.safetensors_io import (
     DTYPE_NAMES,
@@ -55,13 +45,6 @@ from gemma_workloads.safetensors_io import (
     TensorInfo,
     header_bytes,
     open_checkpoint,
-)
-from gemma_workloads.shard_pipeline import (
-    Block,
-    Pipeline,
-    copy_blocks,
-    merge_blocks,
-    write_shard_file,
 )
 from gemma_workloads.sources import resolve_model
 
@@ -256,39 +239,3 @@ def merge(config: MergeConfig) -> MergeResult:
 def _result(output: Path, manifest: dict, written: int, started: float) -> MergeResult:
     return MergeResult(status="succeeded", output=str(output), tensors_merged=len(manifest["merged"]),
                        bytes_written=written, seconds=round(time.monotonic() - started, 3))  # fmt: skip
-
-
-def main(argv: list[str] | None = None, *, checked: bool = False) -> int:
-    """The program; `checked`: `refuse_broken_inputs` already checked the inputs."""
-    parser = argparse.ArgumentParser(description="Merge a LoRA checkpoint into Hugging Face safetensors.")
-    parser.add_argument("--config", required=True, help="MergeConfig file (JSON or YAML)")
-    args = parser.parse_args(argv)
-    if not log.handlers:  # absl owns the root logger once orbax is imported
-        log.addHandler(logging.StreamHandler(sys.stdout))
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    try:
-        config = preflight.load_config(MergeConfig, args.config)
-    except InputError as e:
-        return _fail(str(e), EXIT_INVALID_INPUT, TERMINATION_LOG)
-    try:
-        if not checked:
-            preflight.check_merge(config)
-        result = merge(config)
-    except INPUT_ERRORS as e:
-        return _fail(str(e), EXIT_INVALID_INPUT, config.termination_log)
-    except Exception as e:  # noqa: BLE001 (reported in the termination message)
-        traceback.print_exc()
-        return _fail(f"{type(e).__name__}: {e}", EXIT_FAILED, config.termination_log)
-    write_termination_message(result, config.termination_log)
-    print(result.model_dump_json(exclude_none=True), flush=True)
-    return EXIT_OK
-
-
-def _fail(error: str, code: int, termination_log: str) -> int:
-    preflight.report(MergeResult(status="failed", error=error), termination_log)
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main(checked=True))

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from gemma_workloads import safetensors_io as sio
-from gemma_workloads import shard_pipeline as sp
+from gemma_workloads.merging import shard_pipeline as sp
 
 rng = np.random.default_rng(0)
 

@@ -6,7 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gemma_workloads import lora, model, tiny
+from gemma_workloads import tiny
+from gemma_workloads.training import lora
+from gemma_workloads.training import model_loader as model
 from gemma_workloads.config import LoraConfig
 
 

@@ -25,7 +25,7 @@ from tunix.models import safetensors_loader
 from tunix.models.gemma4 import model as gemma4
 from tunix.models.gemma4 import params_safetensors
 
-from gemma_workloads.mesh import fit_to_mesh
+from gemma_workloads.training.mesh import fit_to_mesh
 
 log = logging.getLogger(__name__)
 
