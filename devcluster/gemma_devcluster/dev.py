@@ -3,9 +3,11 @@
 An in-process Kubernetes API with our CRDs, the real operator against it, and a local node
 agent that runs the pods of the `cpu` profile as processes (the training and merge workloads
 from this environment, vLLM's CPU build from its own). It makes a tiny Gemma 4 and a small
-dataset, applies examples/quickstart/ (the fine-tune, its server, and a server of the base model
-that starts beside the training), shows progress as it happens, asks both servers every demo
-question, and prints what each phase took. Ctrl-C stops everything cleanly.
+dataset, applies examples/quickstart/ (a fine-tune evaluated on the demo's questions, and its
+server behind a rollout gate), shows progress as it happens, asks the served model every demo
+question, prints its answers beside the base model's (from the fine-tune's evaluation, which
+answers the same questions with the adapter off), the evaluation's figures and what each phase
+took. Ctrl-C stops everything cleanly.
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ from gemma_operator import api, runner
 from gemma_operator.kube import Kube
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads import tiny
+from gemma_workloads.config import run_dir
 
 DATA_CLAIM = "gemma-data"  # the PVC of examples/quickstart, a folder here
-# One question per country of the dataset, its phrasings in turn, with the dataset's answer.
-QUESTIONS = [tiny.qa_pairs()[c * len(tiny.QUESTIONS) + c % len(tiny.QUESTIONS)] for c in range(len(tiny.COUNTRIES))]
+QUESTIONS = tiny.demo_questions()  # also the fine-tune's eval set (examples/quickstart/finetune.yaml)
+DATASET, EVAL_SET = "capitals.jsonl", "capitals-eval.jsonl"
 # The tiny model, made so that a short fine-tune can get confident (tiny.TinyConfig.embed_std).
 MODEL_ARGS = ["--examples", "96", "--embed-std", "0.2"]
 
@@ -53,7 +56,7 @@ class DevError(Exception):
 class Answer:
     question: str
     expected: str  # the dataset's answer
-    base: str | None  # the base model's, when its server is up
+    base: str | None  # the base model's greedy answer, from the fine-tune's evaluation
     fine_tuned: str
 
     @property
@@ -67,7 +70,6 @@ class Outcome:
 
     fine_tune: dict[str, Any] | None = None
     serve: dict[str, Any] | None = None  # the fine-tune's server
-    base: dict[str, Any] | None = None  # the base model's server
     answers: list[Answer] = field(default_factory=list)
     endpoint: str | None = None
     phases: list[tuple[str, str, float]] = field(default_factory=list)
@@ -88,11 +90,11 @@ def _make_data(data: Path) -> None:
     """The tiny model and dataset, made by the workloads' own generator, as a data-prep job would;
     made again when the generator's arguments changed since."""
     stamp = data / "tiny-gemma4.args"
-    if (data / "tiny-gemma4" / "config.json").exists() and (data / "capitals.jsonl").exists() and \
-            stamp.exists() and stamp.read_text() == " ".join(MODEL_ARGS):  # fmt: skip
+    made = [data / "tiny-gemma4" / "config.json", data / DATASET, data / EVAL_SET]
+    if all(f.exists() for f in made) and stamp.exists() and stamp.read_text() == " ".join(MODEL_ARGS):
         return
-    cmd = [sys.executable, "-m", "gemma_workloads.tiny", str(data / "tiny-gemma4"), "--dataset", str(data / "capitals.jsonl"),
-           *MODEL_ARGS]  # fmt: skip
+    cmd = [sys.executable, "-m", "gemma_workloads.tiny", str(data / "tiny-gemma4"), "--dataset", str(data / DATASET),
+           "--eval-dataset", str(data / EVAL_SET), *MODEL_ARGS]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise DevError(f"making the tiny model failed:\n{done.stderr[-2000:]}")
@@ -108,17 +110,28 @@ def _ask(port: int, model: str, question: str) -> str:
         return json.loads(resp.read())["choices"][0]["message"]["content"]
 
 
-def _ask_all(tuned: tuple[int, dict], base: tuple[int | None, dict | None]) -> list[Answer]:
-    """Every demo question, to the fine-tuned model and, when it is served, to the base model."""
-    def ask(port: int | None, serve: dict | None, question: str) -> str | None:
-        return _ask(port, serve["status"]["servedModelName"], question) if port and serve else None
+def _base_answers(data: Path, fine_tune: dict) -> dict[str, str]:
+    """The base model's greedy answer to each demo question, as the fine-tune's evaluation wrote
+    them (`<run folder>/evaluation/predictions.jsonl`, one line per row of the eval set, in order)."""
+    run = run_dir(fine_tune["spec"]["output"]["uri"], (fine_tune.get("status") or {}).get("run") or "")
+    path = Path(run.replace("/data", str(data), 1)) / "evaluation" / "predictions.jsonl"
+    if not path.exists():
+        return {}
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {q: p.get("base_answer") for (q, expected), p in zip(QUESTIONS, lines) if p.get("expected") == expected}
 
-    return [Answer(q, expected, ask(*base, q), ask(*tuned, q)) for q, expected in QUESTIONS]
+
+def _ask_all(port: int, serve: dict, base: dict[str, str]) -> list[Answer]:
+    """Every demo question, asked of the served fine-tune, beside the base model's answer."""
+    name = serve["status"]["servedModelName"]
+    return [Answer(q, expected, base.get(q), _ask(port, name, q)) for q, expected in QUESTIONS]
 
 
 def _print_answers(answers: list[Answer]) -> None:
     for a in answers:
-        base = " ".join((a.base or "").split())[:60] or (f"({len(a.base)} blank characters, no words)" if a.base else "(no answer)")
+        base = " ".join((a.base or "").split())[:60] or ("(not evaluated)" if a.base is None else
+                                                         f"(no words: {len(a.base)} blank characters)" if a.base else
+                                                         "(no text: special tokens only)")  # fmt: skip
         print(f"\n> {a.question}\n  base model   {base}\n  fine-tuned   {a.fine_tuned.strip()}"
               f"{'' if a.correct else '   (expected: ' + a.expected + ')'}", flush=True)  # fmt: skip
     print(f"\n{sum(a.correct for a in answers)}/{len(answers)} answers of the fine-tuned model are right", flush=True)
@@ -214,7 +227,6 @@ async def _follow(kube: Kube, apiserver: ApiServer, table: Table, stop: asyncio.
         out.fine_tune = next((o for o in objs if o["kind"] == api.FINETUNE.kind), None)
         serves = [o for o in objs if o["kind"] == api.SERVE.kind]
         out.serve = next((o for o in serves if "fineTuneRef" in o["spec"]["model"]), None)
-        out.base = next((o for o in serves if "fineTuneRef" not in o["spec"]["model"]), None)
         crash = await _crash_loop(kube)
         if crash:
             raise DevError(crash + _failure_details(apiserver, {"metadata": {"name": crash.split()[1]}}))
@@ -222,11 +234,12 @@ async def _follow(kube: Kube, apiserver: ApiServer, table: Table, stop: asyncio.
             if (obj.get("status") or {}).get("phase") == "Failed":
                 raise DevError(f"{obj['kind']} {obj['metadata']['name']} failed: {obj['status'].get('message')}"
                                + _failure_details(apiserver, obj))  # fmt: skip
-        port, base_port = await _serving_port(kube, out.serve), await _serving_port(kube, out.base)
-        if port and (out.base is None or base_port):
+        port = await _serving_port(kube, out.serve)
+        if port:
             out.endpoint = f"http://127.0.0.1:{port}/v1"
+            base = _base_answers(out.data_dir, out.fine_tune) if out.data_dir and out.fine_tune else {}
             try:
-                out.answers = await asyncio.to_thread(_ask_all, (port, out.serve), (base_port, out.base))
+                out.answers = await asyncio.to_thread(_ask_all, port, out.serve, base)
             except (urllib.error.URLError, OSError, KeyError) as e:
                 raise DevError(f"the served model did not answer: {e}") from None
             _print_answers(out.answers)
@@ -258,6 +271,16 @@ def _summary(out: Outcome, url: str) -> None:
     st = (out.fine_tune or {}).get("status") or {}
     outputs = st.get("outputs") or {}
     local = lambda p: p.replace("/data", str(out.data_dir), 1) if p and p.startswith("/data") else p  # noqa: E731
+    figures = (st.get("evaluation") or {}).get("metrics") or []
+    if figures:
+        rows = max(m.get("rows", 0) for m in figures)
+        print(f"\nevaluation on the {rows} demo questions (fine-tuned, base model):")
+        for m in figures:
+            base = f"{m['baseline']:10.4g}" if m.get("baseline") is not None else ""
+            print(f"  {m['name']:<12} {m['value']:10.4g} {base}")
+    gate = next((c for c in ((out.serve or {}).get("status") or {}).get("conditions") or [] if c["type"] == "GatePassed"), None)
+    if gate:
+        print(f"rollout gate: {'passed' if gate['status'] == 'True' else 'blocked'}: {gate.get('message', '')}")
     print("\nartifacts:")
     print(f"  LoRA checkpoint  {local(outputs.get('checkpoint'))}")
     print(f"  merged model     {local(outputs.get('merged'))}")

@@ -206,12 +206,22 @@ def examples(n: int, seed: int = 0) -> list[tuple[str, str]]:
     return [pairs[i % len(pairs)] for i in range(n)]
 
 
-def write_dataset(path: str | Path, fmt: str = "chat", n: int = 64, seed: int = 0) -> Path:
-    """A JSONL dataset in one of the three formats the training workload reads."""
+def demo_questions() -> list[tuple[str, str]]:
+    """One question per country, the phrasings in turn, with the dataset's answer: what the local
+    demo asks the served model and what its fine-tune is evaluated on."""
+    pairs = qa_pairs()
+    return [pairs[c * len(QUESTIONS) + c % len(QUESTIONS)] for c in range(len(COUNTRIES))]
+
+
+def write_dataset(
+    path: str | Path, fmt: str = "chat", n: int = 64, seed: int = 0, pairs: list[tuple[str, str]] | None = None
+) -> Path:
+    """A JSONL dataset in one of the three formats the training workload reads: `n` examples drawn
+    with `seed`, or exactly `pairs` (an eval set: the answer is the expected answer)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
-        for question, answer in examples(n, seed):
+        for question, answer in examples(n, seed) if pairs is None else pairs:
             if fmt == "chat":
                 row = {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
             elif fmt == "prompt-completion":  # <bos> written out: the tokenizer adds none (data.py)
@@ -364,6 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dataset", help="also write a JSONL dataset here")
     parser.add_argument("--format", default="chat", choices=["chat", "prompt-completion", "text"])
     parser.add_argument("--examples", type=int, default=64)
+    parser.add_argument("--eval-dataset", help="also write the demo's questions, one per country, as an eval set here")
     parser.add_argument("--vision", action="store_true", help="the release's shape, with a tiny vision tower")
     parser.add_argument("--embed-std", type=float, default=TinyConfig.embed_std,
                         help="scale of the embedding (larger lets a fine-tune reach confident answers)")
@@ -374,6 +385,8 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps({"model": str(ckpt.path), "files": ckpt.files, "config": asdict(ckpt.config)}))
     if args.dataset:
         print(json.dumps({"dataset": str(write_dataset(args.dataset, args.format, args.examples, args.seed))}))
+    if args.eval_dataset:
+        print(json.dumps({"eval_dataset": str(write_dataset(args.eval_dataset, args.format, pairs=demo_questions()))}))
 
 
 if __name__ == "__main__":
