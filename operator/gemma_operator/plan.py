@@ -324,6 +324,7 @@ def plan_finetune(
         keep_checkpoints=spec.training.keep_checkpoints,
         log_every=spec.training.log_every,
         gradient_checkpointing=spec.training.gradient_checkpointing,
+        remat_policy=fit.remat_policy(memory) if memory is not None and spec.training.gradient_checkpointing else None,
         mesh=mesh,
         output_dir=rdir,
         num_hosts=place.hosts,

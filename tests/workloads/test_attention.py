@@ -1,0 +1,88 @@
+"""The fused attention paths compute Tunix's attention: same logits and LoRA gradients on packed
+and unpacked rows, the sliding window shorter than the row, and packed examples isolated."""
+
+import copy
+
+import jax
+import numpy as np
+import pytest
+
+from gemma_workloads import attention, batches, loss
+from tests.workloads.tiny_lora import LENGTH, assert_close, logits, lora_grads, packed_batch, random_lora_model
+
+# cuDNN needs a GPU; splash runs interpreted off TPU.
+PATHS = ["xla", "splash", pytest.param("cudnn", marks=pytest.mark.skipif(
+    jax.default_backend() != "gpu", reason="cuDNN flash attention needs a GPU"))]
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def models(request):
+    """The reference model and a copy per fused path, sharing the same weights."""
+    reference = random_lora_model(request.param)
+    assert reference.config.sliding_window_size < LENGTH, "the window must matter"
+    return request.param, reference
+
+
+def with_path(reference, path: str):
+    fused = copy.deepcopy(reference)
+    assert attention.use_attention(fused, path) == path
+    assert all(type(layer.attn) is attention.FusedAttention for layer in fused.layers)
+    return fused
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_fused_attention_gives_the_reference_logits_and_gradients(models, path):
+    dtype, reference = models
+    batch = packed_batch()
+    fused = with_path(reference, path)
+    valid = batch["segment_ids"] > 0  # padding positions' outputs are never used (no loss, attended by nobody)
+    assert_close(logits(fused, batch)[valid], logits(reference, batch)[valid], dtype)
+    (fused_loss, fused_grads), (ref_loss, ref_grads) = (lora_grads(m, loss.token_weighted_nll, batch)
+                                                        for m in (fused, reference))
+    assert fused_loss == pytest.approx(ref_loss, rel=1e-5 if dtype == "float32" else 2e-2)
+    for got, want in zip(fused_grads, ref_grads, strict=True):
+        assert_close(got, want, dtype)
+
+
+@pytest.mark.parametrize("path", ["reference", *PATHS])
+def test_packed_examples_never_attend_to_each_other(models, path):
+    """Change a token of example A (row 0, positions 0-39): example B (40-99) must not move."""
+    _, reference = models
+    model = reference if path == "reference" else with_path(reference, path)
+    batch = packed_batch()
+    changed = copy.deepcopy(batch)
+    changed["tokens"][0, 5] = (batch["tokens"][0, 5] + 1) % 500 + 6
+    before, after = logits(model, batch), logits(model, changed)
+    np.testing.assert_array_equal(after[0, 40:100], before[0, 40:100])
+    np.testing.assert_array_equal(after[1], before[1])
+    assert np.abs(after[0, 5:40] - before[0, 5:40]).max() > 1e-3, "example A itself must change"
+
+
+def test_the_sliding_window_is_a_real_window():
+    """With the window removed the fused path gives other logits: the test rows exercise it."""
+    reference = random_lora_model("float32")
+    batch = packed_batch()
+    fused = with_path(reference, "xla")
+    windowless = with_path(reference, "xla")
+    windowless.config.sliding_window_size = None  # its own copy of the config (deepcopy)
+    valid = batch["segment_ids"] > 0
+    assert np.abs(logits(windowless, batch)[valid] - logits(fused, batch)[valid]).max() > 1e-3
+
+
+def test_segments_are_recovered_from_the_training_mask():
+    batch = packed_batch()
+    mask = batches.model_inputs(batch)["attention_mask"]
+    segments = np.asarray(attention.segments_from_mask(mask))
+    for row in range(2):
+        for segment in (1, 2):
+            where = batch["segment_ids"][row] == segment
+            if where.any():
+                assert (segments[row, where] == np.argmax(where)).all()
+        padding = np.flatnonzero(batch["segment_ids"][row] == 0)
+        assert (segments[row, padding] == LENGTH + padding).all()  # each padding token on its own
+
+
+def test_auto_picks_the_platform_kernel():
+    assert [attention.resolve("auto", p) for p in ("tpu", "gpu", "cpu")] == ["splash", "cudnn", "xla"]
+    with pytest.raises(ValueError, match="expected one of"):
+        attention.resolve("flash")
