@@ -15,8 +15,8 @@ MFU counts model FLOPs (metrics.py: forward + gradients, causal and windowed att
 recompute); HFU the FLOPs the hardware did: the recompute of the remat policy and of the chunked
 loss, and the full `seq x seq` scores that the reference and XLA attention compute (the fused
 kernels skip masked blocks; their own backward recompute of the scores is not counted). Both are
-given against the device's peak (--peak-tflops, or known by device kind) and against the bf16
-matmul ceiling measured here.
+given against the device's peak (--peak-tflops, or known by device kind) and against the ceiling
+of a large matmul in the run's dtype (bf16 with --dtype bfloat16, as on GPU and TPU) measured here.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import numpy as np
 from flax import nnx
 from tunix.models.gemma4 import model as gemma4
 
+from gemma_workloads import attention as attention_paths
 from gemma_workloads import batches, lora, mesh, metrics, model, tiny, train
 from gemma_workloads.config import ATTENTION_PATHS, REMAT_POLICIES, DatasetConfig, LoraConfig, TrainConfig
 from gemma_workloads.preemption import Preemption
@@ -47,6 +48,7 @@ def model_config(args: argparse.Namespace) -> gemma4.ModelConfig:
         cfg.param_dtype = cfg.dtype = model.DTYPES[args.dtype]
     if args.layers:
         cfg.num_layers = args.layers
+        cfg.frac_shared_layers = 0.0  # a slice has no room for e2b/e4b's KV-sharing layers
     return cfg
 
 
@@ -89,9 +91,9 @@ class Measured:
     hardware_flops: float  # per token
 
 
-def matmul_ceiling(size: int, repeats: int = 10) -> float:
-    """TFLOP/s of a bf16 `size`^3 matmul on the default device (median of `repeats`)."""
-    a = jnp.ones((size, size), jnp.bfloat16)
+def matmul_ceiling(size: int, dtype: str, repeats: int = 10) -> float:
+    """TFLOP/s of a `size`^3 matmul in the run's dtype on the default device (median of `repeats`)."""
+    a = jnp.ones((size, size), model.DTYPES[dtype])
     mm = jax.jit(lambda x: x @ x)
     mm(a).block_until_ready()
     times = []
@@ -111,8 +113,16 @@ def hardware_flops_per_token(cfg: gemma4.ModelConfig, seq: int, lora_params: int
                   for k in kinds]
     model_attention = sum(4 * nh * metrics._attended(k, cfg.sliding_window_size, seq)  # noqa: SLF001
                           for k, nh in zip(kinds, heads_dims))
-    # the reference and XLA paths compute every score, masked or not
-    attention_forward = sum(4 * nh * seq for nh in heads_dims) if attention in ("reference", "xla") else model_attention
+    # the reference and XLA paths compute every score, masked or not; so does cuDNN's fallback to
+    # XLA for head dims above its limit (the 31B model's global layers) or outside bf16/fp16
+    def every_score(kind: gemma4.AttentionType) -> bool:
+        head_dim = cfg.global_key_size if kind == gemma4.AttentionType.GLOBAL else cfg.head_dim
+        if attention == "cudnn":
+            return head_dim > attention_paths.CUDNN_MAX_HEAD_DIM or cfg.dtype not in (jnp.bfloat16, jnp.float16)
+        return attention in ("reference", "xla")
+
+    attention_forward = sum(4 * nh * (seq if every_score(k) else metrics._attended(k, cfg.sliding_window_size, seq))  # noqa: SLF001
+                            for k, nh in zip(kinds, heads_dims))
     extra = 3 * (attention_forward - model_attention)
     layer_weights = sum(metrics._layer_weights(cfg, k) for k in kinds)  # noqa: SLF001
     if remat == "full":  # every layer's forward again
@@ -139,19 +149,24 @@ def main() -> None:
     parser.add_argument("--remat", default="dots", choices=REMAT_POLICIES, help="the fast path's remat policy")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the reference path (Tunix attention, whole logits, whole-layer remat)")
+    parser.add_argument("--each", action="store_true", help="also measure each of the three levers alone")
     parser.add_argument("--ceiling-size", type=int, help="matmul size for the ceiling (default 8192; 2048 on CPU)")
     parser.add_argument("--peak-tflops", type=float, help="per device; default: by device kind (none for CPUs)")
     args = parser.parse_args()
 
     cfg = model_config(args)
     variants = [] if args.no_baseline else [Variant("reference", "reference", None, "full")]
-    variants.append(Variant("fast", args.attention, args.loss_chunk or None, args.remat))
+    chunk = args.loss_chunk or None
+    if args.each:  # one lever at a time, the others as in the reference
+        variants += [Variant("attention", args.attention, None, "full"), Variant("loss", "reference", chunk, "full"),
+                     Variant("remat", "reference", None, args.remat)]
+    variants.append(Variant("fast", args.attention, chunk, args.remat))
     measured = []
     for variant in variants:
         with tempfile.TemporaryDirectory(prefix="train-step-bench-") as out:
             measured.append(run(args, cfg, variant, out))
     size = args.ceiling_size or (2048 if jax.default_backend() == "cpu" else 8192)
-    report(args, cfg, measured, matmul_ceiling(size), size)
+    report(args, cfg, measured, matmul_ceiling(size, args.dtype), size)
 
 
 def run(args: argparse.Namespace, cfg: gemma4.ModelConfig, variant: Variant, out: str) -> Measured:
@@ -188,7 +203,7 @@ def report(args: argparse.Namespace, cfg: gemma4.ModelConfig, measured: list[Mea
     print(f"devices     {jax.device_count()} x {device.device_kind}, jax {jax.__version__}")
     print(f"batch       {args.micro_batch} x {args.seq} tokens x {args.accumulation} micro-batches, "
           f"{args.steps} steps (first not timed)")
-    print(f"ceiling     bf16 {size}^3 matmul: {ceiling:.2f} TFLOP/s per device"
+    print(f"ceiling     {args.dtype} {size}^3 matmul: {ceiling:.2f} TFLOP/s per device"
           + (f" ({100 * ceiling / peak:.1f} % of the {peak:g} TFLOP/s peak)" if peak else " (no peak known)"))
     print()
     header = (f"{'path':10} {'attention':10} {'loss':>7} {'remat':7} {'step s':>8} {'tokens/s':>10} "

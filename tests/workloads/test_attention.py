@@ -2,6 +2,9 @@
 and unpacked rows, the sliding window shorter than the row, and packed examples isolated."""
 
 import copy
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -86,3 +89,30 @@ def test_auto_picks_the_platform_kernel():
     assert [attention.resolve("auto", p) for p in ("tpu", "gpu", "cpu")] == ["splash", "cudnn", "xla"]
     with pytest.raises(ValueError, match="expected one of"):
         attention.resolve("flash")
+
+
+SHARDED_SPLASH = """
+import numpy as np, jax, jax.numpy as jnp
+from gemma_workloads import attention, mesh
+from gemma_workloads.config import MeshConfig
+rng = np.random.default_rng(0)
+q = jnp.asarray(rng.normal(size=(2, 128, 4, 32)), jnp.float32)
+k, v = (jnp.asarray(rng.normal(size=(2, 128, 2, 32)), jnp.float32) for _ in range(2))
+segments = jnp.asarray([[0] * 50 + [50] * 78, [0] * 128], jnp.int32)
+want = attention.dot_product(q, k, v, segments, 16, "xla")
+want_grad = jax.grad(lambda q: attention.dot_product(q, k, v, segments, 16, "xla").sum())(q)
+with mesh.active(mesh.make_mesh(MeshConfig(fsdp=2, tp=2))):
+    got = jax.jit(lambda q: attention.splash(q, k, v, segments, 16, None))(q)
+    grad = jax.jit(jax.grad(lambda q: attention.splash(q, k, v, segments, 16, None).sum()))(q)
+print(float(jnp.abs(got - want).max()), float(jnp.abs(grad - want_grad).max()))
+"""
+
+
+def test_splash_runs_per_device_on_a_mesh():
+    """On a 2 x 2 mesh each device runs the kernel on its rows and heads (shard_map), with the
+    result of the unsharded XLA attention."""
+    env = os.environ | {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    done = subprocess.run([sys.executable, "-c", SHARDED_SPLASH], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    value_error, grad_error = map(float, done.stdout.split())
+    assert value_error < 1e-5 and grad_error < 1e-4

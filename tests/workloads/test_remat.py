@@ -4,11 +4,12 @@ decoder layer."""
 import copy
 
 import jax
+import pydantic
 import pytest
 from flax import nnx
 
 from gemma_workloads import attention, batches, loss, remat
-from gemma_workloads.config import REMAT_POLICIES
+from gemma_workloads.config import REMAT_POLICIES, TrainConfig
 from tests.workloads.tiny_lora import assert_close, lora_grads, packed_batch, random_lora_model
 
 POLICIES = [p if p != "offload" else pytest.param(p, marks=pytest.mark.skipif(
@@ -40,3 +41,14 @@ def test_remat_policies_give_the_same_gradients(reference, policy):
 def test_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="expected one of"):
         remat.policy("some")
+
+
+def test_the_config_names_the_policy_in_force():
+    base = dict(model_path="m", dataset=dict(path="d"), output_dir="o")
+    assert TrainConfig(**base).remat == "full"
+    assert TrainConfig(**base, gradient_checkpointing=False).remat == "none"
+    assert TrainConfig(**base, remat_policy="dots").remat == "dots"
+    with pytest.raises(pydantic.ValidationError, match="remat_policy"):
+        TrainConfig(**base, remat_policy="some")
+    with pytest.raises(pydantic.ValidationError, match="attention"):
+        TrainConfig(**base, attention="flash")

@@ -30,6 +30,10 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+from jax.interpreters import pxla
+from jax.sharding import PartitionSpec as P
 from tunix.models.gemma4 import model as gemma4
 
 from gemma_workloads.config import ATTENTION_PATHS
@@ -96,10 +100,23 @@ def dot_product(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, w
 
 def splash(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, window: int | None,
            softcap: float | None) -> jax.Array:
-    """Pallas splash attention, one MQA kernel per KV head over its query group."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+    """Pallas splash attention on `[B, T, N, H]` / `[B, S, K, H]`, each device running the kernel
+    on its own rows and heads (a Pallas kernel is not partitioned by XLA): rows split over the
+    mesh's `fsdp` axis and heads over `tp`, as Tunix lays out activations, where they divide."""
+    mesh = pxla.thread_resources.env.physical_mesh  # the `with mesh:` context Tunix reads too
+    local = functools.partial(_splash_local, window=window, softcap=softcap)
+    if mesh.empty or mesh.size == 1:
+        return local(q, k, v, segments)
+    rows = "fsdp" if "fsdp" in mesh.shape and q.shape[0] % mesh.shape["fsdp"] == 0 else None
+    tp = mesh.shape.get("tp", 1)
+    heads = "tp" if tp > 1 and q.shape[2] % tp == 0 and k.shape[2] % tp == 0 else None
+    spec = P(rows, None, heads, None)
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, P(rows, None)), out_specs=spec,
+                         check_vma=False)(q, k, v, segments)
 
+
+def _splash_local(q, k, v, segments, *, window: int | None, softcap: float | None) -> jax.Array:
+    """One MQA splash kernel per KV head over its group of query heads."""
     batch, length, heads, dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads

@@ -55,7 +55,9 @@ def token_nll(hidden: jax.Array, embedding: jax.Array, targets: jax.Array, *, so
     @jax.checkpoint
     def chunk_nll(args: tuple[jax.Array, jax.Array]) -> jax.Array:
         h, t = args
-        logits = jnp.dot(h, weights.T).astype(jnp.float32)
+        # contracting both on their last axis: `h @ weights.T` would make XLA hoist a transposed
+        # copy of the whole embedding out of the loop (5.25 GiB for the 31B model in float32)
+        logits = jax.lax.dot_general(h, weights, (((1,), (1,)), ((), ()))).astype(jnp.float32)
         if softcap is not None:
             logits = jnp.tanh(logits / softcap) * softcap
         target = jnp.take_along_axis(logits, t[:, None], axis=-1)[:, 0]
