@@ -118,7 +118,7 @@ def hardware_flops_per_token(cfg: gemma4.ModelConfig, seq: int, lora_params: int
     def every_score(kind: gemma4.AttentionType) -> bool:
         head_dim = cfg.global_key_size if kind == gemma4.AttentionType.GLOBAL else cfg.head_dim
         if attention == "cudnn":
-            return head_dim > attention_paths.CUDNN_MAX_HEAD_DIM or cfg.dtype not in (jnp.bfloat16, jnp.float16)
+            return attention_paths.dot_product_implementation("cudnn", head_dim, cfg.dtype) == "xla"
         return attention in ("reference", "xla")
 
     attention_forward = sum(4 * nh * (seq if every_score(k) else metrics._attended(k, cfg.sliding_window_size, seq))  # noqa: SLF001
@@ -127,7 +127,7 @@ def hardware_flops_per_token(cfg: gemma4.ModelConfig, seq: int, lora_params: int
     layer_weights = sum(metrics._layer_weights(cfg, k) for k in kinds)  # noqa: SLF001
     if remat == "full":  # every layer's forward again
         extra += 2 * layer_weights + 2 * lora_params + attention_forward
-    elif remat in ("dots", "offload") and attention == "reference":  # Tunix's attention products are not kept
+    elif remat in ("dots", "offload") and attention in ("reference", "xla"):  # their score products are not kept
         extra += attention_forward
     if loss_chunk:  # the logits again in the backward pass
         extra += 2 * cfg.num_embed * cfg.embed_dim
@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the reference path (Tunix attention, whole logits, whole-layer remat)")
     parser.add_argument("--each", action="store_true", help="also measure each of the three levers alone")
-    parser.add_argument("--ceiling-size", type=int, help="matmul size for the ceiling (default 8192; 2048 on CPU)")
+    parser.add_argument("--ceiling-size", type=int, help="matmul size for the ceiling (default 8192; 4096 on CPU)")
     parser.add_argument("--peak-tflops", type=float, help="per device; default: by device kind (none for CPUs)")
     args = parser.parse_args()
 
@@ -165,7 +165,7 @@ def main() -> None:
     for variant in variants:
         with tempfile.TemporaryDirectory(prefix="train-step-bench-") as out:
             measured.append(run(args, cfg, variant, out))
-    size = args.ceiling_size or (2048 if jax.default_backend() == "cpu" else 8192)
+    size = args.ceiling_size or (4096 if jax.default_backend() == "cpu" else 8192)
     report(args, cfg, measured, matmul_ceiling(size, args.dtype), size)
 
 

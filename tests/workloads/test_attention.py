@@ -9,6 +9,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from gemma_workloads import attention, batches, loss
 from tests.workloads.tiny_lora import LENGTH, assert_close, logits, lora_grads, packed_batch, random_lora_model
@@ -59,6 +60,20 @@ def test_packed_examples_never_attend_to_each_other(models, path):
     np.testing.assert_array_equal(after[0, 40:100], before[0, 40:100])
     np.testing.assert_array_equal(after[1], before[1])
     assert np.abs(after[0, 5:40] - before[0, 5:40]).max() > 1e-3, "example A itself must change"
+    # the loss on example B's tokens, through the chunked cross-entropy, does not move either
+    b_tokens = np.zeros_like(batch["loss_mask"])
+    b_tokens[0, 41:100] = True
+    b_loss = [example_loss(model, b, b_tokens) for b in (batch, changed)]
+    assert b_loss[0] == b_loss[1]
+    a_tokens = np.zeros_like(batch["loss_mask"])
+    a_tokens[0, 6:40] = True
+    assert example_loss(model, batch, a_tokens) != example_loss(model, changed, a_tokens)
+
+
+def example_loss(model, batch: dict, tokens: np.ndarray) -> float:
+    """The mean loss over `tokens` only."""
+    inputs = batches.model_inputs({k: v for k, v in batch.items() if k != "loss_scale"} | {"loss_mask": tokens})
+    return float(nnx.jit(lambda m: loss.token_weighted_nll(m, **inputs, chunk_tokens=64))(model))
 
 
 def test_the_sliding_window_is_a_real_window():
@@ -89,6 +104,36 @@ def test_auto_picks_the_platform_kernel():
     assert [attention.resolve("auto", p) for p in ("tpu", "gpu", "cpu")] == ["splash", "cudnn", "xla"]
     with pytest.raises(ValueError, match="expected one of"):
         attention.resolve("flash")
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the refusal is for machines without a GPU")
+def test_cudnn_is_refused_without_a_gpu():
+    with pytest.raises(ValueError, match="'cudnn' needs a GPU.*use 'auto' or 'xla'"):
+        attention.use_attention(random_lora_model("float32"), "cudnn")
+
+
+@pytest.mark.parametrize("head_dim,dtype,expected", [
+    (256, "bfloat16", "cudnn"), (256, "float16", "cudnn"), (128, "bfloat16", "cudnn"),
+    (512, "bfloat16", "xla"),  # the 31B model's global layers: above cuDNN's flash limit on Hopper
+    (256, "float32", "xla"),  # cuDNN flash attention takes half precision only
+])
+def test_cudnn_falls_back_to_xla_outside_its_limits(head_dim, dtype, expected):
+    assert attention.dot_product_implementation("cudnn", head_dim, dtype) == expected
+    assert attention.dot_product_implementation("xla", head_dim, dtype) == "xla"
+
+
+def test_the_kernel_arguments_carry_the_window_and_the_segments():
+    segments = np.asarray([[0, 0, 2, 2, 2]], np.int32)
+    windowed, full = attention.dot_product_arguments(segments, 3), attention.dot_product_arguments(segments, None)
+    assert windowed["local_window_size"] == (2, 0) and full["local_window_size"] is None  # 2 earlier + itself
+    assert windowed["is_causal"] and windowed["scale"] == 1.0  # Gemma 4: QK-norm, no 1/sqrt(d)
+    np.testing.assert_array_equal(np.asarray(windowed["mask"])[0, 0], segments[0][:, None] == segments[0][None, :])
+
+
+@pytest.mark.parametrize("length,block", [(3072, 512), (2048, 512), (768, 256), (384, 128), (128, 128), (100, None)])
+def test_splash_blocks_tile_the_row(length, block):
+    """Pallas splash attention tiles rows in blocks of multiples of 128; other lengths take XLA."""
+    assert attention.splash_block(length) == block
 
 
 SHARDED_SPLASH = """

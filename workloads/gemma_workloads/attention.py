@@ -30,8 +30,6 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 from jax.interpreters import pxla
 from jax.sharding import PartitionSpec as P
 from tunix.models.gemma4 import model as gemma4
@@ -39,15 +37,14 @@ from tunix.models.gemma4 import model as gemma4
 from gemma_workloads.config import ATTENTION_PATHS
 
 Path = Literal["reference", "xla", "cudnn", "splash"]
-PATHS: tuple[str, ...] = ATTENTION_PATHS
 ATTENTION_OUTPUT = "attention_output"  # its checkpoint name, for remat policies that keep it
 CUDNN_MAX_HEAD_DIM = 256  # jax/_src/cudnn/fused_attention_stablehlo.py: check_is_flash_attention (Hopper)
 
 
 def resolve(path: str, platform: str | None = None) -> Path:
     """The path "auto" means on this platform: splash on TPU, cuDNN on GPU, XLA elsewhere."""
-    if path not in PATHS:
-        raise ValueError(f"attention path {path!r}: expected one of {PATHS}")
+    if path not in ATTENTION_PATHS:
+        raise ValueError(f"attention path {path!r}: expected one of {ATTENTION_PATHS}")
     if path != "auto":
         return path  # type: ignore[return-value]
     platform = platform or jax.default_backend()
@@ -55,8 +52,12 @@ def resolve(path: str, platform: str | None = None) -> Path:
 
 
 def use_attention(model: gemma4.Gemma4, path: str) -> Path:
-    """Route every layer's training attention through `path` ("auto": by platform)."""
+    """Route every layer's training attention through `path` ("auto": by platform). "cudnn" off a
+    GPU is refused; "splash" off a TPU runs interpreted (exact but slow: for tests)."""
     chosen = resolve(path)
+    platform = jax.default_backend()
+    if chosen == "cudnn" and platform != "gpu":
+        raise ValueError(f"attention path 'cudnn' needs a GPU, this JAX runs on {platform}: use 'auto' or 'xla'")
     softcap = getattr(model.config, "attn_logits_soft_cap", None)
     if softcap is not None and chosen in ("xla", "cudnn"):
         raise ValueError(f"attention path {chosen!r} cannot apply the model's attention logit softcap {softcap}")
@@ -77,25 +78,40 @@ def segments_from_mask(mask: jax.Array) -> jax.Array:
     return jnp.where(valid, start, length + jnp.arange(length, dtype=jnp.int32)[None])
 
 
-def segment_mask(segments: jax.Array, window: int | None) -> jax.Array:
-    """The boolean mask `[B, 1, T, S]` the segment ids, causality and the window allow."""
-    length = segments.shape[-1]
-    i, j = jnp.arange(length)[:, None], jnp.arange(length)[None, :]
-    allowed = j <= i
-    if window is not None:
-        allowed &= j > i - window
-    return (segments[:, :, None] == segments[:, None, :])[:, None] & allowed
+def segment_mask(segments: jax.Array) -> jax.Array:
+    """`[B, 1, T, S]`: whether two tokens share a segment (causality and the window are the
+    kernel's `is_causal` and `local_window_size`)."""
+    return (segments[:, :, None] == segments[:, None, :])[:, None]
+
+
+def dot_product_implementation(path: Literal["xla", "cudnn"], head_dim: int, dtype) -> Literal["xla", "cudnn"]:
+    """What `jax.nn.dot_product_attention` is asked for: cuDNN flash attention takes bf16/fp16 and
+    head dims up to 256, anything else (the 31B model's global layers, float32) goes to XLA."""
+    if path == "cudnn" and head_dim <= CUDNN_MAX_HEAD_DIM and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+        return "cudnn"
+    return "xla"
+
+
+def dot_product_arguments(segments: jax.Array, window: int | None) -> dict:
+    """The masking arguments of `jax.nn.dot_product_attention` (the same in JAX 0.10 and 0.11):
+    same segment, causal, and on sliding layers the `window - 1` earlier keys plus the token itself."""
+    return {"mask": segment_mask(segments), "scale": 1.0, "is_causal": True,
+            "local_window_size": (window - 1, 0) if window is not None else None}
 
 
 def dot_product(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, window: int | None,
-                implementation: Literal["xla", "cudnn"]) -> jax.Array:
+                path: Literal["xla", "cudnn"]) -> jax.Array:
     """`jax.nn.dot_product_attention` on `[B, T, N, H]` queries and `[B, S, K, H]` keys/values."""
-    if implementation == "cudnn" and (q.shape[-1] > CUDNN_MAX_HEAD_DIM or q.dtype not in (jnp.bfloat16, jnp.float16)):
-        implementation = "xla"
-    return jax.nn.dot_product_attention(
-        q, k, v, mask=segment_mask(segments, None), scale=1.0, is_causal=True,
-        local_window_size=(window - 1, 0) if window is not None else None, implementation=implementation,
-    )
+    return jax.nn.dot_product_attention(q, k, v, **dot_product_arguments(segments, window),
+                                        implementation=dot_product_implementation(path, q.shape[-1], q.dtype))
+
+
+def _active_mesh() -> jax.sharding.Mesh | None:
+    """The legacy `with mesh:` context Tunix 0.1.7 reads too (mesh.active sets it); None where this
+    JAX no longer has it."""
+    resources = getattr(pxla, "thread_resources", None)
+    mesh = resources.env.physical_mesh if resources is not None else None
+    return None if mesh is None or mesh.empty else mesh
 
 
 def splash(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, window: int | None,
@@ -103,9 +119,9 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, window
     """Pallas splash attention on `[B, T, N, H]` / `[B, S, K, H]`, each device running the kernel
     on its own rows and heads (a Pallas kernel is not partitioned by XLA): rows split over the
     mesh's `fsdp` axis and heads over `tp`, as Tunix lays out activations, where they divide."""
-    mesh = pxla.thread_resources.env.physical_mesh  # the `with mesh:` context Tunix reads too
+    mesh = _active_mesh()
     local = functools.partial(_splash_local, window=window, softcap=softcap)
-    if mesh.empty or mesh.size == 1:
+    if mesh is None or mesh.size == 1:
         return local(q, k, v, segments)
     rows = "fsdp" if "fsdp" in mesh.shape and q.shape[0] % mesh.shape["fsdp"] == 0 else None
     tp = mesh.shape.get("tp", 1)
@@ -115,14 +131,26 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, window
                          check_vma=False)(q, k, v, segments)
 
 
+def splash_block(length: int) -> int | None:
+    """The splash kernel's block size for rows of `length`: the largest of 512, 256 and 128 that
+    divides it (the kernel's blocks tile the row in multiples of 128 lanes); None if none does."""
+    return next((b for b in (512, 256, 128) if length % b == 0), None)
+
+
 def _splash_local(q, k, v, segments, *, window: int | None, softcap: float | None) -> jax.Array:
     """One MQA splash kernel per KV head over its group of query heads."""
+    try:  # imported here: the module stays importable on a JAX without Pallas' TPU ops
+        from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel
+        from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+    except ImportError as e:
+        raise RuntimeError(f"attention path 'splash' needs Pallas splash attention, missing in JAX {jax.__version__}: "
+                           "use 'auto' or 'xla'") from e
     batch, length, heads, dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
     shape = (length, length)
     one = masks.LocalMask(shape, window_size=(window - 1, 0), offset=0) if window else masks.CausalMask(shape)
-    block = min(512, length)
+    block = splash_block(length)
     sizes = kernel.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                               block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
     run = kernel.make_splash_mqa_single_device(
@@ -151,11 +179,12 @@ class FusedAttention(gemma4.Attention):
         q, k, v = self._projections(x.astype(self.config.dtype), segment_pos, kv_shared_cache)
         window = self.config.sliding_window_size if self.attn_type == gemma4.AttentionType.LOCAL_SLIDING else None
         segments = segments_from_mask(attn_mask[..., : x.shape[1]])
-        if self.attention_path == "splash":
+        if self.attention_path == "splash" and splash_block(x.shape[1]) is not None:
             softcap = getattr(self.config, "attn_logits_soft_cap", None)
             encoded = splash(q, k, v, segments, window, softcap)
         else:
-            encoded = dot_product(q, k, v, segments, window, self.attention_path)
+            # rows that splash's blocks cannot tile (not a multiple of 128 tokens) take XLA's kernel
+            encoded = dot_product(q, k, v, segments, window, "xla" if self.attention_path == "splash" else self.attention_path)
         encoded = jax.ad_checkpoint.checkpoint_name(encoded, ATTENTION_OUTPUT)
         out = gemma4.shard(self.attn_vec_einsum(encoded), self.config.shd_config.act_btd)
         return {"v": v, "k": k}, out, (k, v)
