@@ -10,7 +10,7 @@ PIP_FILTER = 2>&1 | (grep -v "is ignored: it is neither a file nor a directory" 
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 
-.PHONY: demo test test-fast venv vllm-venv crds manifests images lint clean
+.PHONY: demo test test-fast venv vllm-venv crds manifests images clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	# torch: the CPU wheel first, so that nothing later pulls a CUDA build.
 	$(VENV)/bin/pip install $(PIP_QUIET) torch==$(TORCH_VERSION) $(PIP_FILTER)
 	$(VENV)/bin/pip install $(PIP_QUIET) -e '.[operator,workloads,dev,test]' $(PIP_FILTER)
-	$(VENV)/bin/python -c "import gemma_operator, gemma_workloads, jax, kopf, torch"
+	$(VENV)/bin/python -c "import gemma_operator, gemma_workloads, gemma_devcluster, jax, kmock, kopf, torch"
 	touch $@
 
 # vLLM runs in its own image in production, so it gets its own environment here too.

@@ -16,7 +16,7 @@ import io
 import tempfile
 from pathlib import Path
 
-from gemma_operator.devcluster import dev
+from gemma_devcluster import dev
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -34,8 +34,8 @@ import kmock
 import psutil
 import yaml
 
+from gemma_devcluster.faults import FaultyApiServer
 from gemma_operator.children import training_objects
-from gemma_operator.devcluster.faults import FaultyApiServer
 from gemma_operator.kube import USER_AGENT, Kube
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings

@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gemma_operator.devcluster import local_vllm
+from gemma_devcluster import local_vllm
 from gemma_operator.children.vllm import VllmLaunch
 from gemma_workloads import tiny
 

@@ -3,7 +3,7 @@
 import kmock
 import pytest_asyncio
 
-from gemma_operator.devcluster.apiserver import ApiServer
+from gemma_devcluster.apiserver import ApiServer
 from tests.support.cluster import Cluster
 
 

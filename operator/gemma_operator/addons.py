@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from gemma_operator.kube import KINDS, ApiError, Kube
+from gemma_operator.kinds import KINDS
+from gemma_operator.kube import ApiError, Kube
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,9 @@
 These pydantic models are the one source of the CRD schemas (`crd.py` turns them into
 openAPIV3Schema) and of the operator's parsing of a CR. Nothing here knows how a resource is
 reconciled. Field names are the public contract: add fields, never rename them.
+
+It is long because it is one schema: the two kinds share their pieces (model sources, TPU,
+storage, images), and one file read top to bottom is how `kubectl explain` reads too.
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from gemma_operator.vllm_flags import check_extra_args
+from gemma_workloads import config
+
 GROUP = "gemma-tpu.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -20,11 +26,11 @@ Accelerator = Literal["v5p", "v6e", "cpu"]
 Preset = Literal["gemma4-31b", "gemma4-26b-a4b", "gemma4-e4b", "gemma4-e2b", "tiny"]
 DType = Literal["bfloat16", "float32"]
 MergeDType = Literal["bfloat16", "float16", "float32"]
-DatasetFormat = Literal["chat", "prompt-completion", "text"]
-LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Hugging Face projection names, as the training workload maps them (its LORA_MODULES).
+LoraTarget = Literal[tuple(config.LORA_MODULES)]
 LrSchedule = Literal["cosine", "linear", "constant"]
-
-ALL_LORA_TARGETS: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Evaluation figures (the training workload's names: gemma_workloads.config.EVAL_METRICS).
+EvalMetric = Literal["evalLoss", "perplexity", "exactMatch", "contains", "regexMatch"]
 
 # A Kubernetes object name (RFC 1123 subdomain) and a size such as "5GB" or "4Gi".
 _DNS_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -113,6 +119,73 @@ class Condition(Model):
     observed_generation: int | None = None
 
 
+# ---------------------------------------------------------------------------- evaluation and gate
+
+
+class Evaluation(Model):
+    """Scored by the training pod after the last step, for the fine-tune and the base model alike.
+    Changing it starts a new run: the figures belong to the run that computed them."""
+
+    uri: Annotated[
+        str | None,
+        Field(pattern=_URI, description="An eval JSONL in the dataset's format; unset: the rows held out by "
+              "dataset.evalFraction."),
+    ] = None  # fmt: skip
+    max_rows: Annotated[int, Field(ge=1, le=100000, description="Rows scored at most (bounds the cost).")] = 256
+    max_new_tokens: Annotated[
+        int, Field(ge=1, le=8192, description="Greedy tokens generated at most per row with an expected answer.")
+    ] = 64
+    baseline: Annotated[
+        bool, Field(description="Also score the base model on the same rows (doubles the evaluation's cost).")
+    ] = True
+
+
+class MetricFigure(Model):
+    """One evaluation figure of a run, with the base model's on the same rows."""
+
+    name: Annotated[str, Field(description="evalLoss, perplexity, exactMatch, contains or regexMatch.")]
+    value: float
+    baseline: float | None = None
+    rows: Annotated[int, Field(description="Rows the figure was computed on.")]
+
+
+class RunEvaluation(Model):
+    run: Annotated[str, Field(description="The run that computed these figures.")]
+    summary: Annotated[str | None, Field(description="The headline figure, as `kubectl get` shows it.")] = None
+    metrics: list[MetricFigure] = Field(default_factory=list)
+
+
+class FineTuneRun(Model):
+    """A run whose merged output exists: what a GemmaServe can serve, roll back to, or gate."""
+
+    run: str
+    merged: str
+    completion_time: str | None = None
+    evaluation: list[MetricFigure] | None = None
+
+
+class GateCondition(Model):
+    """One condition an output must meet to be rolled out. Bounds are inclusive (min: value >= min;
+    max: value <= max); `baseline` compares with the base model's figure on the same rows, in the
+    metric's direction: `better` is strict, `noWorse` allows equality. All the bounds set must hold."""
+
+    metric: Annotated[EvalMetric, Field(description="evalLoss and perplexity: lower is better; the shares higher.")]
+    min: Annotated[float | None, Field(description="Passes when the value is at least this.")] = None
+    max: Annotated[float | None, Field(description="Passes when the value is at most this.")] = None
+    baseline: Annotated[
+        Literal["better", "noWorse"] | None,
+        Field(description="better: strictly better than the base model's value; noWorse: better or equal."),
+    ] = None
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> GateCondition:
+        if self.min is None and self.max is None and self.baseline is None:
+            raise ValueError(f"gate on {self.metric}: set min, max or baseline")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"gate on {self.metric}: min {self.min} is above max {self.max}: nothing could pass")
+        return self
+
+
 # ---------------------------------------------------------------------------- GemmaFineTune
 
 
@@ -155,29 +228,21 @@ class Dataset(Model):
     """Training data: JSONL, one example a line."""
 
     uri: Annotated[str, Field(pattern=_URI, description="gs:// URI or path of a JSONL file.")]
-    format: Annotated[
-        DatasetFormat,
-        Field(
-            description="chat: {messages: [{role, content}]}; prompt-completion: {prompt, "
-            "completion}; text: {text}."
-        ),
-    ] = "chat"
-    max_seq_len: Annotated[int, Field(ge=16, le=262144, description="Tokens per sequence.")] = 2048
-    packing: Annotated[bool, Field(description="Pack several examples into one sequence.")] = False
-    eval_fraction: Annotated[
-        float, Field(ge=0.0, le=0.5, description="Fraction of examples held out for evaluation.")
-    ] = 0.0
-    skip_invalid: Annotated[
-        bool, Field(description="Skip malformed lines (and report how many) instead of failing.")
-    ] = False
+    # The rest is the training contract's (gemma_workloads.config.DatasetConfig), declared there.
+    format: config.DatasetFormatField
+    max_seq_len: config.MaxSeqLen
+    packing: config.Packing
+    eval_fraction: config.EvalFraction
+    skip_invalid: config.SkipInvalid
 
 
 class Lora(Model):
     """LoRA adapter settings (Qwix). Targets use Hugging Face projection names."""
 
-    rank: Annotated[int, Field(ge=1, le=1024)] = 16
-    alpha: Annotated[float, Field(gt=0)] = 32.0
-    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    # Declared by the training contract (gemma_workloads.config.LoraConfig); the targets here are typed.
+    rank: config.LoraRank
+    alpha: config.LoraAlpha
+    dropout: config.LoraDropout
     target_modules: Annotated[
         list[LoraTarget],
         Field(
@@ -185,7 +250,7 @@ class Lora(Model):
             description="Projections to adapt. k_proj covers the global layers' keys too; on "
             "sliding layers k_proj and v_proj are one fused projection, so list both or neither.",
         ),
-    ] = Field(default_factory=lambda: list(ALL_LORA_TARGETS))
+    ] = Field(default_factory=lambda: list(config.LORA_MODULES))
 
     @field_validator("target_modules")
     @classmethod
@@ -232,7 +297,8 @@ class Training(Model):
     keep_checkpoints: Annotated[int, Field(ge=1, description="Checkpoints kept.")] = 3
     log_every: Annotated[int, Field(ge=1, description="Steps between progress reports.")] = 10
     gradient_checkpointing: Annotated[
-        bool, Field(description="Rematerialise decoder layers (less HBM, ~30% more compute).")
+        bool, Field(description="Rematerialise decoder layers where HBM needs it: the plan keeps all activations, "
+                     "the matmul outputs, or only layer inputs, the fastest its HBM estimate fits.")
     ] = True
     mesh: Annotated[Mesh | None, Field(description="Override the derived mesh.")] = None
 
@@ -282,6 +348,18 @@ class GemmaFineTuneSpec(Model):
         int,
         Field(ge=0, le=100, description="Pod failures tolerated (preemptions are not counted)."),
     ] = 3
+    evaluation: Annotated[
+        Evaluation | None, Field(description="Score the fine-tune and its base model after training.")
+    ] = None
+
+    @model_validator(mode="after")
+    def _evaluation_rows(self) -> GemmaFineTuneSpec:
+        if self.evaluation is not None and self.evaluation.uri is None and self.dataset.eval_fraction == 0:
+            raise ValueError(
+                "evaluation has no rows: set spec.evaluation.uri (an eval JSONL) or spec.dataset.evalFraction "
+                "above 0 (a held-out split)"
+            )
+        return self
 
 
 class Progress(Model):
@@ -324,6 +402,11 @@ class GemmaFineTuneStatus(Model):
     accounted_at: Annotated[str | None, Field(description="When chipHours was last brought up to date.")] = None
     restarts: int | None = None
     preemptions: int | None = None
+    evaluation: Annotated[RunEvaluation | None, Field(description="The current run's evaluation figures.")] = None
+    runs: Annotated[
+        list[FineTuneRun],
+        Field(description="Runs whose merged output exists, newest first (bounded): what a GemmaServe can pin."),
+    ] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------- GemmaServe
@@ -331,6 +414,11 @@ class GemmaFineTuneStatus(Model):
 
 class FineTuneRef(Model):
     name: Annotated[str, Field(pattern=_DNS_NAME, max_length=253)]
+    run: Annotated[
+        str | None,
+        Field(pattern=r"^[0-9a-f]{6,64}$", description="Serve this run's merged output (one of the fine-tune's "
+              "status.runs) instead of the newest: a rollback is this one field."),
+    ] = None  # fmt: skip
 
 
 class ServeModel(Model):
@@ -374,8 +462,6 @@ class VLLM(Model):
     @field_validator("extra_args")
     @classmethod
     def _no_owned_flags(cls, args: list[str]) -> list[str]:
-        from gemma_operator.children.vllm import check_extra_args
-
         check_extra_args(tuple(args))
         return args
 
@@ -420,6 +506,11 @@ class Rollout(Model):
 
     max_surge: Annotated[int, Field(ge=0, description="Extra pods during a rollout (each needs a TPU slice).")] = 0
     max_unavailable: Annotated[int, Field(ge=0)] = 1
+    gate: Annotated[
+        list[GateCondition],
+        Field(max_length=16, description="Conditions on a fine-tune run's evaluation: a run that fails one is not rolled out "
+              "and the output already served keeps serving. Empty: every new output rolls out."),
+    ] = Field(default_factory=list)  # fmt: skip
 
     @model_validator(mode="after")
     def _progress(self) -> Rollout:
@@ -473,6 +564,12 @@ class GemmaServeSpec(Model):
     service_account_name: Annotated[str | None, Field(pattern=_DNS_NAME)] = None
     storage: Storage | None = None
 
+    @model_validator(mode="after")
+    def _gate_needs_runs(self) -> GemmaServeSpec:
+        if self.rollout.gate and self.model.fine_tune_ref is None:
+            raise ValueError("rollout.gate is only used with model.fineTuneRef: evaluations come from a fine-tune's runs")
+        return self
+
 
 class GemmaServeStatus(Model):
     phase: Literal["Pending", "WaitingForModel", "Deploying", "Ready", "Failed"] | None = None
@@ -486,6 +583,12 @@ class GemmaServeStatus(Model):
     ready_replicas: int | None = None
     updated_replicas: int | None = None
     endpoint: str | None = None
+    run: Annotated[str | None, Field(description="The fine-tune run whose output is served.")] = None
+    passed_runs: Annotated[
+        list[str],
+        Field(description="The fine-tune's runs that pass rollout.gate (all of them without a gate), newest "
+              "first: set model.fineTuneRef.run to one of them to roll back."),
+    ] = Field(default_factory=list)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- the kinds
@@ -521,6 +624,7 @@ FINETUNE = Kind(
         {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss", "priority": 1},
         {"name": "Model", "type": "string", "jsonPath": ".status.model"},
         {"name": "Slice", "type": "string", "jsonPath": ".status.topology"},
+        {"name": "Eval", "type": "string", "jsonPath": ".status.evaluation.summary"},
         {"name": "Chip-Hours", "type": "number", "jsonPath": ".status.chipHours", "priority": 1},
         {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
@@ -538,6 +642,7 @@ SERVE = Kind(
         {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
         {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
         {"name": "Model", "type": "string", "jsonPath": ".status.modelUri"},
+        {"name": "Run", "type": "string", "jsonPath": ".status.run", "priority": 1},
         {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
         {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

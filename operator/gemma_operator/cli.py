@@ -4,12 +4,13 @@ render  every object the operator would create for the CRs in a file (exit 2 on 
 plan    the derived plan: slice, mesh, HBM fit, duration and cost (exit 2 when it cannot fit)
 crds    the CustomResourceDefinitions
 operator  run the controller (kopf) against the current cluster
-dev     the whole pipeline on this machine (what `make demo` runs)
+dev     the whole pipeline on this machine (what `make demo` runs; the package gemma_devcluster)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from gemma_operator import api, crd, explain
+from gemma_operator import api, crd, plan_text
 from gemma_operator.children import merge_objects, serving_objects, training_objects
 from gemma_operator.plan import SpecError, plan_finetune, plan_serve
 from gemma_operator.settings import load_settings
@@ -153,9 +154,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if problems:
         return _fail(problems)
     if args.output == "json":
-        print(json.dumps([explain.as_dict(p) for _, p in plans], indent=2))
+        print(json.dumps([plan_text.as_dict(p) for _, p in plans], indent=2))
     else:
-        print("\n\n".join(explain.as_text(p) for _, p in plans))
+        print("\n\n".join(plan_text.as_text(p) for _, p in plans))
     return 0
 
 
@@ -177,10 +178,25 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return runner.run(args)
 
 
-def cmd_dev(args: argparse.Namespace) -> int:
-    from gemma_operator.devcluster import dev
+# Subcommands other packages register (pyproject's entry points): `dev` is the local cluster's.
+COMMANDS = "gemma_tpu.commands"
+DEV_MISSING = ("gemma-tpu dev: the local cluster is not installed here ({missing}); the operator image leaves it "
+               "out. From a checkout: `make venv`, or pip install -e '.[operator,workloads,dev]'")  # fmt: skip
+DEV_MODULES = ("gemma_devcluster", "gemma_workloads", "kmock", "jsonpatch", "jsonschema")
 
-    return dev.main(args)
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    try:
+        command = next(iter(importlib.metadata.entry_points(group=COMMANDS, name="dev"))).load()
+    except StopIteration:
+        print(DEV_MISSING.format(missing=f"no `dev` in the {COMMANDS} entry points"), file=sys.stderr)
+        return EXIT_INVALID
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] not in DEV_MODULES:
+            raise
+        print(DEV_MISSING.format(missing=f"no module {e.name}"), file=sys.stderr)
+        return EXIT_INVALID
+    return command(args.dev_args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,20 +231,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lead through this Lease before starting (several replicas, without --peering)")
     p.set_defaults(func=cmd_operator)
 
-    # Defined here, not in devcluster: the operator's image has no dev dependencies to import.
-    p = sub.add_parser("dev", help="run the whole pipeline locally: API, operator, node agent, tiny model")
-    p.add_argument("--workdir", default=".demo", help="where the model, data, runs and pod folders go")
-    p.add_argument("--examples", default="examples/quickstart", help="the CRs to apply")
-    p.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="python of the environment with vLLM's CPU build")
-    p.add_argument("--port", type=int, default=0, help="port of the local Kubernetes API (0: any free one)")
-    p.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
-    p.add_argument("--keep-running", action="store_true", help="keep the cluster up and print a kubeconfig")
+    # Its arguments belong to the package that registers it (gemma_devcluster), which parses them.
+    p = sub.add_parser("dev", add_help=False, help="run the whole pipeline locally: API, operator, node agent, tiny model")
     p.set_defaults(func=cmd_dev)
     return parser
 
 
 def main_exit(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "dev":
+        args.dev_args = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return args.func(args)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from gemma_operator.models import DTYPE_BYTES, ModelShape
+from gemma_operator.model_shapes import DTYPE_BYTES, ModelShape
 
 GIB = 2**30
 XLA_ALLOWANCE = 1 * GIB

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gemma_operator.status import condition
+from gemma_operator.conditions import condition
 
 DONE = ("Succeeded", "Ready")  # the phases in which the resource is what its spec asks for
 IDLE = ("Suspended",)  # not done, and nothing is being worked on until the spec changes
@@ -19,6 +19,8 @@ IDLE = ("Suspended",)  # not done, and nothing is being worked on until the spec
 STALLING = (
     ("Progressing", "False", "ProgressDeadlineExceeded"),  # a rollout whose pods never get ready
     ("ModelReady", "False", "FineTuneFailed"),  # the referenced fine-tune failed
+    ("ModelReady", "False", "RunNotFound"),  # fineTuneRef.run names no run of the fine-tune
+    ("ModelReady", "False", "RolloutBlocked"),  # no run passes the rollout gate: waits for a new run
 )
 
 

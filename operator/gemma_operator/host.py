@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from gemma_operator import fit, tpu
-from gemma_operator.models import ModelShape
+from gemma_operator.model_shapes import ModelShape
 from gemma_operator.settings import OperatorSettings
 
 STAGING_DIR = "/staging"

@@ -1,8 +1,7 @@
 """Every call the operator makes to the Kubernetes API, in one place.
 
 The official client does the HTTP, auth and TLS; its blocking calls run in threads so the kopf
-event loop stays free. `KINDS` lists each kind the operator touches and the verbs it needs:
-the RBAC role is checked against this table (tests/packaging) and against the calls really made.
+event loop stays free. The kinds it may touch, and how, are the table in `kinds.py`.
 """
 
 from __future__ import annotations
@@ -10,50 +9,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import kubernetes
 from kubernetes.client.rest import ApiException
 
 from gemma_operator import api
-from gemma_operator.status import diff_patch, now, timestamp
+from gemma_operator.clock import now, timestamp
+from gemma_operator.kinds import KINDS, KindInfo
 
 
-@dataclass(frozen=True)
-class KindInfo:
-    api_version: str
-    plural: str
-    verbs: frozenset[str]
-
-    @property
-    def group(self) -> str:
-        return self.api_version.rpartition("/")[0]
-
-
-def _kind(api_version: str, plural: str, *verbs: str) -> KindInfo:
-    return KindInfo(api_version, plural, frozenset(verbs))
-
-
-KINDS: dict[str, KindInfo] = {
-    api.FINETUNE.kind: _kind(api.API_VERSION, api.FINETUNE.plural, "get", "list", "watch"),
-    api.SERVE.kind: _kind(api.API_VERSION, api.SERVE.plural, "get", "list", "watch"),
-    "ConfigMap": _kind("v1", "configmaps", "get", "create", "patch"),
-    "Job": _kind("batch/v1", "jobs", "get", "list", "watch", "create", "patch", "delete"),
-    "JobSet": _kind("jobset.x-k8s.io/v1alpha2", "jobsets", "get", "list", "watch", "create", "patch", "delete"),
-    "Deployment": _kind("apps/v1", "deployments", "get", "list", "watch", "create", "patch", "delete"),
-    "Service": _kind("v1", "services", "get", "create", "patch"),
-    "LeaderWorkerSet": _kind("leaderworkerset.x-k8s.io/v1", "leaderworkersets", "get", "list", "watch", "create", "patch", "delete"),
-    "HorizontalPodAutoscaler": _kind("autoscaling/v2", "horizontalpodautoscalers", "get", "create", "patch", "delete"),
-    "PodMonitor": _kind("monitoring.coreos.com/v1", "podmonitors", "get", "create", "patch", "delete"),
-    "PodMonitoring": _kind("monitoring.googleapis.com/v1", "podmonitorings", "get", "create", "patch", "delete"),
-    "Pod": _kind("v1", "pods", "list"),
-    "Event": _kind("v1", "events", "create"),
-}
-STATUS_KINDS = (api.FINETUNE.kind, api.SERVE.kind)  # the operator writes their /status
-# Kinds only the local node agent and tests use (never the operator: not in its role).
-LOCAL_KINDS = {**KINDS, "Secret": _kind("v1", "secrets", "list"), "Namespace": _kind("v1", "namespaces", "create")}
-POD_LOG = "pods/log"  # read for live training progress
 # Names the operator's requests in API server audit logs (and lets tests tell them from their own).
 USER_AGENT = "gemma-tpu-operator"
 UNREAD = object()  # `Kube.ensure`: what exists was not read yet
@@ -242,3 +207,19 @@ APPLIED_ANNOTATION = f"{api.GROUP}/applied-spec"
 
 def _hash(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def diff_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """A merge patch turning `old` into `new`: null for every key that disappears."""
+    patch: dict[str, Any] = {}
+    for key in old.keys() - new.keys():
+        patch[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            sub = diff_patch(before, value)
+            if sub:
+                patch[key] = sub
+        elif value != before:
+            patch[key] = value
+    return patch

@@ -11,6 +11,10 @@ import posixpath
 
 from gemma_operator import api
 
+CONFIG_DIR = "/etc/gemma-tpu"  # where the pods find their workload config
+TRAIN_CONFIG_FILE = "train.json"
+MERGE_CONFIG_FILE = "merge.json"
+GCS_MOUNT_ROOT = "/gcs"  # where a Cloud Storage FUSE mount puts a bucket a workload writes files to
 SHM_DIR = "/dev/shm"
 # What the vLLM pods mount besides spec.storage: the served model, the XLA cache, HOME's caches, /tmp.
 MODEL_MOUNT = "/models/model"
@@ -18,6 +22,11 @@ XLA_CACHE_MOUNT = "/xla-cache"
 CACHE_DIR = "/cache"
 TMP_DIR = "/tmp"
 SERVING = (MODEL_MOUNT, XLA_CACHE_MOUNT, SHM_DIR, CACHE_DIR, TMP_DIR)
+
+
+def fuse_path(uri: str) -> str:
+    """A gs:// URI as seen through a Cloud Storage FUSE mount of its bucket (other paths unchanged)."""
+    return f"{GCS_MOUNT_ROOT}/{uri.removeprefix('gs://')}" if uri.startswith("gs://") else uri
 
 
 def storage_problems(storage: api.Storage | None, taken: tuple[str, ...], tree: str | None = None) -> list[str]:

@@ -1,4 +1,4 @@
-"""The RBAC rules the operator needs, derived from `kube.KINDS` and what kopf itself calls.
+"""The RBAC rules the operator needs, derived from `kinds.KINDS` and what kopf itself calls.
 
 The chart's roles are generated from these (`make manifests`), and the tests check them both ways
 against the requests a running operator really makes: nothing it calls is missing, nothing
@@ -8,7 +8,7 @@ granted goes unused.
 from __future__ import annotations
 
 from gemma_operator import api
-from gemma_operator.kube import KINDS, POD_LOG, STATUS_KINDS
+from gemma_operator.kinds import KINDS, POD_LOG, where
 
 # kopf watches CustomResourceDefinitions to notice kinds installed after it started (JobSet, say).
 # Namespaced installs turn that off (runner.configure) rather than ask for a cluster-scoped grant.
@@ -22,7 +22,7 @@ def _grants() -> dict[tuple[str, str], set[str]]:
     grants: dict[tuple[str, str], set[str]] = {}
     for info in KINDS.values():
         grants.setdefault((info.group, info.plural), set()).update(info.verbs)
-    for kind in STATUS_KINDS:
+    for kind in where(status=True):
         grants[(api.GROUP, f"{KINDS[kind].plural}/status")] = {"patch"}
     grants[("", POD_LOG)] = {"get"}
     return grants

@@ -18,26 +18,20 @@ from typing import Any
 
 import kopf
 
-from gemma_operator import addons, api, failure_policy, finetune_flow, metrics, retries, serve_flow
+from gemma_operator import addons, api, failure_policy, prometheus_metrics, retries
 from gemma_operator.children import common, merge, serving, training
-from gemma_operator.kube import KINDS, UNREAD, ApiError, Kube
-from gemma_operator.lifecycle import Decision
+from gemma_operator.clock import now
+from gemma_operator.kinds import KINDS, where
+from gemma_operator.kube import UNREAD, ApiError, Kube, diff_patch
+from gemma_operator.lifecycle import finetune as finetune_lifecycle
+from gemma_operator.lifecycle import serve as serve_lifecycle
+from gemma_operator.lifecycle.common import Decision
 from gemma_operator.plan import SpecError, plan_finetune, plan_serve
 from gemma_operator.settings import OperatorSettings
-from gemma_operator.status import diff_patch, now
 from gemma_workloads.config import Progress
 
 log = logging.getLogger("gemma_operator")
 
-# Spec fields re-applied when what the CR wants of them changes (Job templates are immutable;
-# a Job's suspend is the lifecycle's business).
-MUTABLE = {"ConfigMap": (), "Job": (), "JobSet": (),
-           "Deployment": ("replicas", "template", "strategy", "progressDeadlineSeconds"),
-           "LeaderWorkerSet": ("replicas", "leaderWorkerTemplate", "rolloutStrategy"),
-           "Service": ("ports", "selector", "type"),
-           "HorizontalPodAutoscaler": ("scaleTargetRef", "minReplicas", "maxReplicas", "metrics", "behavior"),
-           "PodMonitor": ("selector", "podMetricsEndpoints"), "PodMonitoring": ("selector", "endpoints")}  # fmt: skip
-SERVING_KINDS = ("Deployment", "LeaderWorkerSet", "HorizontalPodAutoscaler", "PodMonitor", "PodMonitoring")
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
@@ -51,7 +45,7 @@ class Controller:
     def __init__(self, kube: Kube, settings: OperatorSettings, namespaces: list[str] | None = None) -> None:
         self.kube, self.settings, self.namespaces = kube, settings, namespaces or None
         self._locks: dict[tuple[str, str, str], asyncio.Lock] = collections.defaultdict(asyncio.Lock)
-        self.tracker = metrics.PhaseTracker()
+        self.tracker = prometheus_metrics.PhaseTracker()
         self.retries = retries.Retries()
         self.addons = addons.Detector(kube, settings.progress_poll_seconds)
 
@@ -73,15 +67,15 @@ class Controller:
         except Exception as e:  # noqa: BLE001 (any failure: logged, counted and retried)
             if isinstance(e, ApiError) and e.status == 404 and await self._gone(kind, namespace, name):
                 return  # the resource was deleted while being reconciled: nothing left to do
-            metrics.RECONCILES.labels(kind, "error").inc()
+            prometheus_metrics.RECONCILES.labels(kind, "error").inc()
             wait = self.retries.failed(key, e, lambda: self.reconcile(kind, namespace, name))
             log.warning("reconcile of %s %s/%s failed, retrying in %.1f s: %s", kind, namespace, name, wait, e,
                         exc_info=not isinstance(e, ApiError))  # fmt: skip
         else:
             self.retries.succeeded(key)
-            metrics.RECONCILES.labels(kind, "ok").inc()
+            prometheus_metrics.RECONCILES.labels(kind, "ok").inc()
         finally:
-            metrics.RECONCILE_SECONDS.labels(kind).observe(time.perf_counter() - started)
+            prometheus_metrics.RECONCILE_SECONDS.labels(kind).observe(time.perf_counter() - started)
 
     async def _gone(self, kind: str, namespace: str, name: str) -> bool:
         try:
@@ -97,7 +91,7 @@ class Controller:
             return
         seen: Seen = {}
         view = await self._observe_finetune(body, seen)
-        decision = finetune_flow.decide(view, self.settings)
+        decision = finetune_lifecycle.decide(view, self.settings)
         await self._apply(body, decision, seen)
         st = decision.status
         self.tracker.observe(api.FINETUNE.kind, namespace, name, st.get("phase"))
@@ -106,9 +100,9 @@ class Controller:
             self.tracker.chips(namespace, name, view.plan.placement.accelerator, held)
             added = float(st.get("chipHours") or 0) - float((body.get("status") or {}).get("chipHours") or 0)
             if added > 0 and st.get("run") == (body.get("status") or {}).get("run"):
-                metrics.CHIP_HOURS.labels(view.plan.placement.accelerator).inc(added)
+                prometheus_metrics.CHIP_HOURS.labels(view.plan.placement.accelerator).inc(added)
 
-    async def _observe_finetune(self, body: dict, seen: Seen) -> finetune_flow.FineTuneView:
+    async def _observe_finetune(self, body: dict, seen: Seen) -> finetune_lifecycle.FineTuneView:
         """What exists for this GemmaFineTune; `seen` gets every child read, found or not."""
         meta, status = body["metadata"], body.get("status") or {}
         namespace, name = meta["namespace"], meta["name"]
@@ -117,7 +111,7 @@ class Controller:
             plan = plan_finetune(name, namespace, body.get("spec"), self.settings, meta.get("labels"))
         except SpecError as e:
             problems = e.problems
-        view = finetune_flow.FineTuneView(**_observed(body, api.FINETUNE), plan=plan, problems=problems)
+        view = finetune_lifecycle.FineTuneView(**_observed(body, api.FINETUNE), plan=plan, problems=problems)
         if plan is None:
             return view
         kind = "JobSet" if plan.multi_host else "Job"
@@ -174,7 +168,7 @@ class Controller:
         meta, status, spec = body["metadata"], body.get("status") or {}, body.get("spec") or {}
         ref = _fine_tune_ref(spec)
         fine_tune = await self.kube.get(api.FINETUNE.kind, namespace, ref) if ref else None
-        model_uri = serve_flow.resolve_model(ref, fine_tune, status)
+        model_uri = serve_lifecycle.resolve_model(ref, fine_tune, status, spec)
         ft_preset = ((fine_tune or {}).get("spec") or {}).get("model", {}).get("preset") or (fine_tune or {}).get("status", {}).get("model")
         plan, problems = None, []
         try:
@@ -183,7 +177,7 @@ class Controller:
         except SpecError as e:
             problems = e.problems
         seen: Seen = {}
-        view = serve_flow.ServeView(**_observed(body, api.SERVE), plan=plan, problems=problems, fine_tune_name=ref,
+        view = serve_lifecycle.ServeView(**_observed(body, api.SERVE), plan=plan, problems=problems, fine_tune_name=ref,
                                     fine_tune=fine_tune)  # fmt: skip
         if plan is not None and plan.model_uri:
             m = plan.spec.metrics
@@ -191,7 +185,7 @@ class Controller:
                 ("LeaderWorkerSet", True, plan.multi_host), ("PodMonitor", False, m.pod_monitor),
                 ("PodMonitoring", False, m.pod_monitoring)) if needed})  # fmt: skip
             wanted = "LeaderWorkerSet" if plan.multi_host else "Deployment"
-            for kind in SERVING_KINDS:
+            for kind in where(serving=True):
                 obj = seen[(kind, serving.name(plan))] = await self.kube.get(kind, namespace, serving.name(plan))
                 if obj is not None and kind == wanted:
                     view.workload = obj
@@ -200,7 +194,7 @@ class Controller:
             if view.workload is not None:
                 sel = ",".join(f"{k}={v}" for k, v in serving.selector(plan).items())
                 view.pods = await self.kube.list("Pod", namespace, sel)
-        decision = serve_flow.decide(view, self.settings)
+        decision = serve_lifecycle.decide(view, self.settings)
         await self._apply(body, decision, seen)
         self.tracker.observe(api.SERVE.kind, namespace, name, decision.status.get("phase"))
 
@@ -216,7 +210,7 @@ class Controller:
             await self.kube.delete(obj["kind"], namespace, obj["metadata"]["name"])
         for obj in d.create:
             current = seen.get((obj["kind"], obj["metadata"]["name"]), UNREAD)
-            await self.kube.ensure(obj, MUTABLE[obj["kind"]], current)
+            await self.kube.ensure(obj, KINDS[obj["kind"]].mutable, current)
         for kind, name, patch in d.patch:  # against the object as observed: a concurrent change answers 409
             observed = (seen.get((kind, name)) or {}).get("metadata", {}).get("resourceVersion")
             if observed:
@@ -290,7 +284,7 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
         if owner:
             await controller.reconcile(owner[0], namespace, owner[1])
 
-    for kind in ("Job", "JobSet", "Deployment", "LeaderWorkerSet"):
+    for kind in where(wakes_owner=True):
         group, _, version = KINDS[kind].api_version.rpartition("/")
         kopf.on.event(group, version, KINDS[kind].plural, labels=managed, id=f"child-{KINDS[kind].plural}", registry=registry)(child_event)
 

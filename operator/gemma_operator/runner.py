@@ -16,15 +16,16 @@ from collections.abc import Collection
 import kopf
 import kubernetes
 
-from gemma_operator import api, leader, metrics
+from gemma_operator import api, leader, prometheus_metrics
 from gemma_operator.kube import Kube
 from gemma_operator.reconcile import Controller, register
 from gemma_operator.settings import OperatorSettings, load_settings
 
 
-def configure(settings: kopf.OperatorSettings, *, peering: str | None = None, namespaced: bool = False) -> None:
-    """kopf settings chosen once, in one place. Standalone unless peering is asked for by name:
-    mandatory peering without kopf's peering CRDs pauses every watch."""
+def configure(settings: kopf.OperatorSettings, *, namespaced: bool = False) -> None:
+    """kopf settings chosen once, in one place. Peering is left to kopf.run's own arguments
+    (standalone unless `--peering NAME`, which kopf makes mandatory: without kopf's peering CRDs
+    that pauses every watch)."""
     # The handlers are level-based (on.event), so kopf needs no per-object progress storage;
     # should any be used, keep it in annotations of our own group rather than in status,
     # which the CRD's structural schema would prune.
@@ -35,10 +36,6 @@ def configure(settings: kopf.OperatorSettings, *, peering: str | None = None, na
     settings.watching.server_timeout = 300  # re-establish watches every few minutes
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
-    settings.peering.standalone = peering is None
-    settings.peering.mandatory = peering is not None
-    if peering is not None:
-        settings.peering.name = peering
     # Watching given namespaces needs no cluster-scoped reads: kopf then neither lists namespaces
     # nor watches CRDs (a kind installed later, JobSet say, is seen after a restart).
     settings.scanning.disabled = namespaced
@@ -90,9 +87,9 @@ def run(args: argparse.Namespace) -> int:
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: object) -> None:
-        configure(settings, peering=args.peering, namespaced=bool(args.namespace))
+        configure(settings, namespaced=bool(args.namespace))
         if args.metrics_port:
-            metrics.serve(args.metrics_port)
+            prometheus_metrics.serve(args.metrics_port)
 
     lost = threading.Event()
     with contextlib.ExitStack() as stack:

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from gemma_operator.devcluster.agent import NodeAgent, failure_action
-from gemma_operator.devcluster.kubelet import Node
-from gemma_operator.devcluster.volumes import Mounts, VolumeError, materialize
+from gemma_devcluster.agent import NodeAgent, failure_action
+from gemma_devcluster.kinds import LOCAL_KINDS
+from gemma_devcluster.kubelet import Node
+from gemma_devcluster.volumes import Mounts, VolumeError, materialize
 from gemma_operator.failure_policy import job_pod_failure_policy
-from gemma_operator.kube import LOCAL_KINDS, Kube
+from gemma_operator.kube import Kube
 from tests.support.cluster import Cluster
 
 NS = "default"

@@ -10,9 +10,9 @@ import urllib.request
 
 import pytest
 
+from gemma_devcluster.apiserver import write_kubeconfig
+from gemma_devcluster.semantics import human_duration
 from gemma_operator.children import training
-from gemma_operator.devcluster.apiserver import write_kubeconfig
-from gemma_operator.devcluster.semantics import human_duration
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
 from tests.support.builders import finetune, serve

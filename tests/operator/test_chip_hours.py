@@ -4,11 +4,11 @@ import datetime
 
 import pytest
 
-from gemma_operator import finetune_flow
 from gemma_operator.children import training
+from gemma_operator.clock import timestamp
+from gemma_operator.lifecycle import finetune as finetune_lifecycle
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
-from gemma_operator.status import timestamp
 from tests.support.builders import finetune
 
 SETTINGS = OperatorSettings()
@@ -27,9 +27,9 @@ def _job(name: str, done_at: datetime.datetime | None = None, failed: bool = Fal
 
 
 def _reconcile(plan, status: dict, at: datetime.datetime, job: dict) -> dict:
-    view = finetune_flow.FineTuneView(name="ft", namespace="ns", generation=1, status=status, plan=plan, problems=[],
+    view = finetune_lifecycle.FineTuneView(name="ft", namespace="ns", generation=1, status=status, plan=plan, problems=[],
                                       owner=None, now=at, training=job)  # fmt: skip
-    return finetune_flow.decide(view, SETTINGS).status
+    return finetune_lifecycle.decide(view, SETTINGS).status
 
 
 def _plan():
@@ -52,7 +52,7 @@ def test_many_reconciles_account_exactly_the_running_time():
     assert "accountedAt" not in status, "a finished workload is not accounted any more"
     assert status["chipHours"] == pytest.approx(4 * 400 / 3600, abs=1e-5), "4 chips from first seen (T0) to completionTime"
     assert status["estimatedCost"] == round(status["chipHours"] * plan.price_per_chip_hour, 2)
-    assert writes <= 350 / finetune_flow.ACCOUNT_EVERY + 2, f"{writes} status changes from accounting alone"
+    assert writes <= 350 / finetune_lifecycle.ACCOUNT_EVERY + 2, f"{writes} status changes from accounting alone"
     again = _reconcile(plan, status, end + datetime.timedelta(seconds=30), _job(name, done_at=end))
     assert again["chipHours"] == status["chipHours"], "reconciling a finished run adds nothing"
 

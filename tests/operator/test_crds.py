@@ -53,3 +53,16 @@ def test_crd_surface():
     assert gsv["spec"]["names"]["shortNames"] == ["gsv"]
     serve_spec = gsv["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert serve_spec["properties"]["tpu"]["default"]["accelerator"] == "v6e"
+
+
+def test_evaluation_surface():
+    gft = crd.crd(api.FINETUNE)["spec"]["versions"][0]
+    eval_column = next(c for c in gft["additionalPrinterColumns"] if c["name"] == "Eval")
+    assert eval_column["jsonPath"] == ".status.evaluation.summary" and "priority" not in eval_column  # shown by default
+    spec = gft["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert "has(self.evaluation.uri)" in spec["x-kubernetes-validations"][0]["rule"]
+    gsv = crd.crd(api.SERVE)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    gate = gsv["properties"]["rollout"]["properties"]["gate"]
+    assert gate["items"]["properties"]["metric"]["enum"] == ["evalLoss", "perplexity", "exactMatch", "contains", "regexMatch"]
+    assert gate["maxItems"] == 16 and gate["items"]["x-kubernetes-validations"]
+    assert gsv["properties"]["model"]["properties"]["fineTuneRef"]["properties"]["run"]["pattern"]

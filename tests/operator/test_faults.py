@@ -9,10 +9,11 @@ import logging
 import kmock
 import pytest_asyncio
 
+from gemma_devcluster.faults import AFTER_WRITE, BEFORE_WRITE, THROTTLED, WATCH_EXPIRED, FaultyApiServer
+from gemma_devcluster.kinds import LOCAL_KINDS
 from gemma_operator import retries
 from gemma_operator.children import merge, training
-from gemma_operator.devcluster.faults import AFTER_WRITE, BEFORE_WRITE, THROTTLED, WATCH_EXPIRED, FaultyApiServer
-from gemma_operator.kube import LOCAL_KINDS, ApiError, Kube
+from gemma_operator.kube import ApiError, Kube
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
 from tests.operator.test_operator_serve import finish_fine_tune

@@ -23,6 +23,9 @@ EXPECTED = {
     "GemmaServe Deploying (rollout stuck)": "Failed",
     "GemmaServe Failed": "Failed",
     "GemmaServe Failed (invalid spec)": "Failed",
+    "GemmaServe WaitingForModel (no run passes the gate)": "Failed",  # until a new run
+    "GemmaServe Ready (the newest run fails the gate)": "Current",  # the newest run that passes serves
+    "GemmaServe Ready (pinned run not found)": "Failed",  # the spec asks for what does not exist
 }
 
 
@@ -68,6 +71,9 @@ def test_reasons_name_the_phase_or_the_cause():
     assert _cond(gsv["Ready"], "Ready")["message"] == gsv["Ready"]["message"]
     assert _cond(gsv["Deploying (rollout stuck)"], "Ready")["reason"] == "ProgressDeadlineExceeded"
     assert _cond(gsv["WaitingForModel (fine-tune failed)"], "Stalled")["reason"] == "FineTuneFailed"
+    assert _cond(gsv["WaitingForModel (no run passes the gate)"], "Stalled")["reason"] == "RolloutBlocked"
+    assert _cond(gsv["Ready (pinned run not found)"], "Stalled")["reason"] == "RunNotFound"
+    assert _cond(gsv["Ready (the newest run fails the gate)"], "GatePassed")["reason"] == "MetricFailed"
 
 
 def _cond(status: dict, type_: str) -> dict:

@@ -7,7 +7,7 @@ import math
 import pytest
 import yaml
 
-from gemma_operator import cli, explain
+from gemma_operator import cli, plan_text
 from gemma_operator.children import merge, training
 from gemma_operator.plan import SpecError, plan_finetune
 from gemma_operator.settings import OperatorSettings
@@ -135,7 +135,7 @@ def test_a_model_of_unknown_size_gets_the_settings_sizes():
     assert c["resources"]["limits"]["memory"] == settings.resources.training_memory
     claim = next(v for v in pod["volumes"] if v["name"] == "staging")["ephemeral"]["volumeClaimTemplate"]["spec"]
     assert claim["resources"]["requests"]["storage"] == settings.training_host.unknown_model_size
-    text = explain.as_text(p)
+    text = plan_text.as_text(p)
     assert "host memory:   model size unknown; pod memory 64Gi" in text
 
 

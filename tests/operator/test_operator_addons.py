@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gemma_operator import metrics
+from gemma_operator import prometheus_metrics
 from gemma_operator.children import serving, training
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
@@ -45,7 +45,7 @@ async def warnings(cluster, reason: str) -> list[dict]:
 
 
 def errors(kind: str) -> float:
-    return metrics.RECONCILES.labels(kind, "error")._value.get()
+    return prometheus_metrics.RECONCILES.labels(kind, "error")._value.get()
 
 
 async def test_a_missing_or_old_jobset_holds_multi_host_training_with_a_condition(apiserver, cluster, operator):

@@ -3,7 +3,7 @@
 import pytest
 
 from gemma_operator import fit
-from gemma_operator.models import PRESETS, infer_preset
+from gemma_operator.model_shapes import PRESETS, infer_preset
 from gemma_operator.plan import SpecError, default_mesh, plan_finetune, plan_serve
 from gemma_operator.settings import OperatorSettings
 from tests.support.builders import finetune, serve

@@ -3,7 +3,7 @@
 import pytest
 
 from gemma_operator import fit
-from gemma_operator.models import PRESETS
+from gemma_operator.model_shapes import PRESETS
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
 from tests.support.builders import finetune

@@ -4,7 +4,7 @@ import shlex
 
 import pytest
 
-from gemma_operator import explain
+from gemma_operator import plan_text
 from gemma_operator.children import serving_objects
 from gemma_operator.children.model_delivery import compile_cache_key
 from gemma_operator.plan import SpecError, plan_serve
@@ -82,7 +82,7 @@ def test_an_hf_model_is_downloaded_onto_a_disk_sized_for_it(topology):
     Eviction": nodefs.available); each host gets a volume sized from the model instead."""
     b = serve("s").tpu("v6e", topology).set("model", {"hfRepo": "google/gemma-4-31B-it"})
     p, objs = render(b, HYPERDISK)
-    assert "download:      62Gi on a volume claimed with the pod at /staging" in explain.as_text(p)
+    assert "download:      62Gi on a volume claimed with the pod at /staging" in plan_text.as_text(p)
     workload = objs.get("Deployment") or objs["LeaderWorkerSet"]
     for role in ("leaderTemplate", "workerTemplate") if topology == "4x4" else ("leaderTemplate",):
         tmpl, c = container(workload, role)

@@ -19,7 +19,8 @@ EXPECTED = {
                       "Succeeded": "Healthy", "Failed": "Degraded", "Failed (invalid spec)": "Degraded"},
     "GemmaServe": {"WaitingForModel": "Progressing", "WaitingForModel (fine-tune failed)": "Degraded", "Deploying": "Progressing",
                    "Ready": "Healthy", "Deploying (rollout stuck)": "Degraded", "Failed": "Degraded",
-                   "Failed (invalid spec)": "Degraded"},
+                   "Failed (invalid spec)": "Degraded", "WaitingForModel (no run passes the gate)": "Degraded",
+                   "Ready (the newest run fails the gate)": "Healthy", "Ready (pinned run not found)": "Degraded"},
 }  # fmt: skip
 STATUSES = {"GemmaFineTune": finetune_statuses(), "GemmaServe": serve_statuses()}
 

@@ -65,6 +65,16 @@ def test_the_operator_image_has_no_jax():
     assert not [d for d in deps if d.lower().startswith(("jax", "flax", "torch"))]
 
 
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_no_image_ships_the_local_cluster(image):
+    """pyproject installs the source roots that are present: an image that does not copy devcluster/
+    has no gemma_devcluster, and no image installs the `dev` extra (kmock, the fake API server)."""
+    sources = [shlex.split(c)[0] for c in only(DOCKERFILES[image], "COPY")]
+    assert f"{image}/" in sources and "devcluster/" not in sources and "." not in sources
+    assert "devcluster" in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["where"]
+    assert "dev" not in EXTRAS[image].split(",")
+
+
 def test_the_operator_entrypoint_runs_what_the_chart_asks():
     assert only(DOCKERFILES["operator"], "ENTRYPOINT") == ['["gemma-tpu"]']
     assert PYPROJECT["project"]["scripts"]["gemma-tpu"] == "gemma_operator.cli:main"

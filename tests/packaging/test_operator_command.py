@@ -13,9 +13,9 @@ import time
 
 import pytest
 
+from gemma_devcluster.apiserver import write_kubeconfig
 from gemma_operator import runner
 from gemma_operator.children import training
-from gemma_operator.devcluster.apiserver import write_kubeconfig
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
 from tests.support.builders import finetune

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from gemma_devcluster.apiserver import write_kubeconfig
+from gemma_devcluster.processes import free_port
 from gemma_operator.children import training
-from gemma_operator.devcluster.apiserver import write_kubeconfig
-from gemma_operator.devcluster.processes import free_port
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
 from tests.support.builders import finetune

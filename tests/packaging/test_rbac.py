@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import tests.operator
+from gemma_devcluster.apiserver import Call
 from gemma_operator import rbac
-from gemma_operator.devcluster.apiserver import Call
 from tests.support.chart import grants, objects, one, role_grants
 from tests.support.cluster import Cluster
 from tests.support.operator import api_server, operator, operator_calls

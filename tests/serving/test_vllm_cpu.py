@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gemma_operator.devcluster import local_vllm
+from gemma_devcluster import local_vllm
 from gemma_operator.api import SecretKeyRef
 from gemma_operator.children.vllm import VllmLaunch
 from gemma_workloads import merge, tiny

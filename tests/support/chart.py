@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import yaml
 
-from gemma_operator.devcluster.apiserver import Call
+from gemma_devcluster.apiserver import Call
 from scripts.manifests import CHART, NAMESPACE, render
 
 __all__ = ["CHART", "NAMESPACE", "grants", "objects", "one", "role_grants"]

@@ -12,8 +12,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gemma_operator.clock import now, timestamp
 from gemma_operator.kube import Kube
-from gemma_operator.status import now, timestamp
 
 TEST_AGENT = "gemma-tpu-tests"  # the API server records calls per User-Agent: these are the test's
 

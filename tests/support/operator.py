@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Collection
 
 import kmock
 
+from gemma_devcluster.apiserver import ApiServer, Call
 from gemma_operator import runner
-from gemma_operator.devcluster.apiserver import ApiServer, Call
 from gemma_operator.kube import USER_AGENT
 from gemma_operator.settings import OperatorSettings
 

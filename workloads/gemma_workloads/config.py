@@ -37,6 +37,22 @@ LORA_MODULES: dict[str, tuple[str, ...]] = {
     "down_proj": ("down_proj",),
 }
 
+# The fields a GemmaFineTune's spec.dataset and spec.lora share with this contract, each bound,
+# default and description declared once: gemma_operator.api declares its fields with these types,
+# so what the API admits is what the pods accept, and the CRD documents the same bounds.
+DatasetFormat = Literal["chat", "prompt-completion", "text"]
+DatasetFormatField = Annotated[DatasetFormat, Field(
+    default="chat", description="chat: {messages: [{role, content}]}; prompt-completion: {prompt, completion}; text: {text}.")]
+MaxSeqLen = Annotated[int, Field(default=2048, ge=16, le=262144, description="Tokens per sequence.")]
+Packing = Annotated[bool, Field(default=False, description="Pack several examples into one sequence.")]
+EvalFraction = Annotated[float, Field(
+    default=0.0, ge=0.0, le=0.5, description="Fraction of examples held out for evaluation.")]
+SkipInvalid = Annotated[bool, Field(
+    default=False, description="Skip malformed lines (and report how many) instead of failing.")]
+LoraRank = Annotated[int, Field(default=16, ge=1, le=1024)]
+LoraAlpha = Annotated[float, Field(default=32.0, gt=0)]
+LoraDropout = Annotated[float, Field(default=0.0, ge=0.0, lt=1.0)]
+
 
 # How the backward pass treats each decoder layer (gemma_workloads.remat; chosen by the operator
 # from its HBM estimate, gemma_operator.fit.remat_policy): fastest first.
@@ -65,17 +81,17 @@ class _Config(BaseModel):
 
 class DatasetConfig(_Config):
     path: str
-    format: Literal["chat", "prompt-completion", "text"] = "chat"
-    max_seq_len: Annotated[int, Field(ge=16)] = 2048
-    packing: bool = False
-    eval_fraction: Annotated[float, Field(ge=0.0, le=0.5)] = 0.0
-    skip_invalid: bool = False
+    format: DatasetFormatField
+    max_seq_len: MaxSeqLen
+    packing: Packing
+    eval_fraction: EvalFraction
+    skip_invalid: SkipInvalid
 
 
 class LoraConfig(_Config):
-    rank: Annotated[int, Field(ge=1)] = 16
-    alpha: Annotated[float, Field(gt=0)] = 32.0
-    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    rank: LoraRank
+    alpha: LoraAlpha
+    dropout: LoraDropout
     target_modules: list[str] = Field(default_factory=lambda: list(LORA_MODULES))
 
     @model_validator(mode="after")
@@ -333,7 +349,3 @@ def join(base: str, *parts: str) -> str:
 def run_dir(output_uri: str, run: str) -> str:
     """Each run of a fine-tune writes under its own folder, so a re-run never overwrites one."""
     return join(output_uri, "runs", run)
-
-
-def merged_dir(output_uri: str, run: str) -> str:
-    return join(run_dir(output_uri, run), "merged")

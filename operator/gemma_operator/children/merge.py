@@ -11,7 +11,8 @@ from typing import Any
 from gemma_operator import api
 from gemma_operator.children import common
 from gemma_operator.children.model_delivery import fuse_volume, split_gcs, writable_options
-from gemma_operator.plan import CONFIG_DIR, MERGE_CONFIG_FILE, FineTunePlan, fuse_path
+from gemma_operator.mounts import CONFIG_DIR, MERGE_CONFIG_FILE, fuse_path
+from gemma_operator.plan import FineTunePlan
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import EXIT_INVALID_INPUT, MERGE_SHARD_WRITERS
 

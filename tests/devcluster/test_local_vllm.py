@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma_operator.devcluster import local_vllm
+from gemma_devcluster import local_vllm
 
 BIN_DIR = Path(sys.executable).parent
 

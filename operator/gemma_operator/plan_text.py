@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gemma_operator import fit, host
+from gemma_operator import fit, host, rollout_gate
 from gemma_operator.children import merge, model_delivery, serving, training
+from gemma_operator.plan import evaluation as evaluation_plan
 from gemma_operator.plan import FineTunePlan, ServePlan
 
 
@@ -74,6 +75,7 @@ def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:
             "modelUri": p.model_uri, "servedModelName": p.served_name, "tensorParallel": p.tensor_parallel,
             "hbmPerChip": _memory(p.memory), "image": p.image, "workload": f"{'LeaderWorkerSet' if p.multi_host else 'Deployment'} {serving.name(p)}",
             "startupBudgetSeconds": p.startup_seconds, "download": _staging(p.staging), **model_delivery.describe(p),
+            "rolloutGate": [g.model_dump(mode="json", by_alias=True, exclude_none=True) for g in p.spec.rollout.gate],
         }  # fmt: skip
     est = p.estimate
     return {
@@ -88,6 +90,7 @@ def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:
             "steps": est.steps, "tokens": est.tokens, "hours": round(est.hours, 2),
             "chipHours": round(est.chip_hours, 2), "cost": round(est.cost, 2),
         },
+        "evaluation": evaluation_plan.describe(p.spec.evaluation, p.evaluation),
     }  # fmt: skip
 
 
@@ -109,6 +112,7 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
             f"  HBM per chip:  {hbm}",
             f"  startup:       up to {d['startupBudgetSeconds'] // 60} min for loading and XLA compilation",
             f"  workload:      {d['workload']}",
+            *([f"  rollout gate:  {rollout_gate.describe(p.spec.rollout.gate)}"] if p.spec.model.fine_tune_ref else []),
             f"  compile cache: {d['compileCache'] or 'none (every restart compiles again)'}",
             *([f"  download:      {_staging_text(d['download'])}"] if d["download"] else []),
         ]
@@ -129,6 +133,7 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
         *_host_text(d["host"]),
         f"  run:           {d['run']} -> {d['runDir']}",
         f"  estimate:      {estimate}",
+        *([f"  evaluation:    {evaluation_plan.text(d['evaluation'], d['pricePerChipHour'])}"] if d["evaluation"] else []),
         "  merge:         " + (f"Job {d['mergeJob']} ({d['mergeMemoryGiB']} GiB) -> {d['mergedDir']}" if d["mergeJob"] else "disabled"),
     ]
     return "\n".join(lines)

@@ -27,13 +27,14 @@ from typing import Any
 import kmock
 import yaml
 
+from gemma_devcluster.agent import NodeAgent
+from gemma_devcluster.apiserver import ApiServer, write_kubeconfig
+from gemma_devcluster.display import Table
+from gemma_devcluster.kinds import LOCAL_KINDS
+from gemma_devcluster.kubelet import HOST_PORT_ANNOTATION, Node
+from gemma_devcluster.processes import port_in_use
 from gemma_operator import api, runner
-from gemma_operator.devcluster.agent import NodeAgent
-from gemma_operator.devcluster.apiserver import ApiServer, write_kubeconfig
-from gemma_operator.devcluster.display import Table
-from gemma_operator.devcluster.kubelet import HOST_PORT_ANNOTATION, Node
-from gemma_operator.devcluster.processes import port_in_use
-from gemma_operator.kube import LOCAL_KINDS, Kube
+from gemma_operator.kube import Kube
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads import tiny
 

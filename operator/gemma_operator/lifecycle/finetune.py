@@ -14,17 +14,18 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from gemma_operator import failure_policy
+from gemma_operator import evaluation, failure_policy
 from gemma_operator.children import merge, merge_objects, training, training_objects
+from gemma_operator.clock import parse_time, timestamp
+from gemma_operator.conditions import condition
+from gemma_operator.lifecycle.common import Decision, ResourceView, decide_with, set_cond
 from gemma_operator.plan import FineTunePlan
 from gemma_operator.settings import OperatorSettings
-from gemma_operator.lifecycle import Decision, ResourceView, decide_with, set_cond
-from gemma_operator.status import condition, parse_time, timestamp
 from gemma_workloads.config import MergeResult, Progress, TrainResult
 
 ACCOUNT_EVERY = 60  # seconds between chip-hour updates of a running workload
 RUN_FIELDS = ("progress", "outputs", "startTime", "completionTime", "chipHours", "estimatedCost",
-              "restarts", "preemptions", "children", "accountedAt")  # fmt: skip
+              "restarts", "preemptions", "children", "accountedAt", "evaluation")  # fmt: skip
 RUN_CONDITIONS = ("TrainingComplete", "Merged", "Complete", "Failed", "Suspended")
 
 
@@ -71,6 +72,7 @@ def _advance(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
         _merging(v, d, settings)
     elif phase == "Succeeded" and p.spec.merge.enabled and (st.get("outputs") or {}).get("merged") != p.merged_dir:
         _start_merge(v, d, settings, (st.get("outputs") or {}).get("step"))  # merge settings changed
+    evaluation.record_merged_run(st, p.run, timestamp(v.now))
 
 
 def _training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
@@ -118,6 +120,7 @@ def _training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
         st["outputs"] = {k: w for k, w in {"checkpoint": result and result.checkpoint, "step": step}.items() if w is not None}
         if result:
             st["progress"] = _progress_dict(result.step, result.total_steps, result.loss, result.tokens_per_second)
+        d.events += evaluation.record_evaluation(st, p.run, result and result.evaluation, p.spec.evaluation is not None)
         _cond(v, st, "TrainingComplete", True, "Trained", f"trained {step if step is not None else '?'} steps")
         if p.spec.merge.enabled:
             _start_merge(v, d, settings, step)
@@ -247,7 +250,7 @@ def _results(pods: list[dict], model):
 
 
 def _train_result(pods: list[dict]) -> TrainResult | None:
-    return _results(pods, TrainResult)
+    return _results(pods, evaluation.TrainResultReader)
 
 
 def _merge_result(pods: list[dict]) -> MergeResult | None:

@@ -6,7 +6,7 @@ import kubernetes
 import pytest
 from kubernetes.client.rest import ApiException
 
-from gemma_operator.devcluster.semantics import label_selector_matches, merge_patch
+from gemma_devcluster.semantics import label_selector_matches, merge_patch
 from tests.support.builders import finetune
 
 

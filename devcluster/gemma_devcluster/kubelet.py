@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gemma_operator.devcluster import processes, volumes
-from gemma_operator.status import now, timestamp
+from gemma_devcluster import processes, volumes
+from gemma_operator.clock import now, timestamp
 
 TPU_RESOURCE = "google.com/tpu"
 TERMINATION_MESSAGE_LIMIT = 4096
@@ -128,13 +128,6 @@ class LocalPod:
     def stop(self, grace: float) -> None:
         self.group.stop(timeout=grace)
 
-    def interrupt(self) -> None:
-        """SIGTERM only (the pod's grace period runs from here)."""
-        try:
-            os.killpg(self.group.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-
     # ------------------------------------------------------------------ status
 
     def termination_message(self, code: int) -> str:
@@ -199,7 +192,3 @@ def waiting_status(container: str, reason: str, message: str, scheduled: bool = 
 def log_text(pod: LocalPod, lines: int = 500) -> str:
     text = pod.mounts.untranslate(pod.group.log_tail(lines))
     return text + "\n" if text else ""
-
-
-def elapsed(pod: LocalPod) -> float:
-    return time.monotonic() - pod.group.started

@@ -16,7 +16,7 @@ import secrets
 import time
 from typing import Any
 
-from gemma_operator.devcluster.kubelet import (
+from gemma_devcluster.kubelet import (
     LocalPod,
     Node,
     PodStartError,
@@ -24,10 +24,10 @@ from gemma_operator.devcluster.kubelet import (
     unschedulable,
     waiting_status,
 )
+from gemma_operator.clock import now, parse_time, timestamp
 from gemma_operator.kube import ApiError, Kube
-from gemma_operator.status import now, parse_time, timestamp
 
-log = logging.getLogger("gemma_operator.devcluster")
+log = logging.getLogger("gemma_devcluster")
 
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 HASH_LABEL = "pod-template-hash"

@@ -1,23 +1,11 @@
-"""Status bookkeeping shared by both kinds: conditions, and patches that also remove fields."""
+"""Status conditions in the metav1.Condition shape, shared by both kinds and by their health."""
 
 from __future__ import annotations
 
 import datetime
 from typing import Any
 
-
-def now() -> datetime.datetime:
-    return datetime.datetime.now(tz=datetime.UTC)
-
-
-def timestamp(t: datetime.datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str | None) -> datetime.datetime | None:
-    if not text:
-        return None
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+from gemma_operator.clock import timestamp
 
 
 def set_condition(
@@ -43,19 +31,3 @@ def set_condition(
 
 def condition(conditions: list[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:
     return next((c for c in conditions or [] if c.get("type") == type_), None)
-
-
-def diff_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """A merge patch turning `old` into `new`: null for every key that disappears."""
-    patch: dict[str, Any] = {}
-    for key in old.keys() - new.keys():
-        patch[key] = None
-    for key, value in new.items():
-        before = old.get(key)
-        if isinstance(value, dict) and isinstance(before, dict):
-            sub = diff_patch(before, value)
-            if sub:
-                patch[key] = sub
-        elif value != before:
-            patch[key] = value
-    return patch

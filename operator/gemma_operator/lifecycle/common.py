@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gemma_operator.addons import Missing
+from gemma_operator.conditions import condition, set_condition
 from gemma_operator.health import kstatus_conditions
-from gemma_operator.status import condition, set_condition
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import kmock
 
-from gemma_operator.devcluster.apiserver import EXPIRED, ApiServer
+from gemma_devcluster.apiserver import EXPIRED, ApiServer
 from gemma_operator.kube import USER_AGENT
 
 BEFORE_WRITE, AFTER_WRITE, THROTTLED = "500 before the write", "500 after the write", "429 Retry-After"

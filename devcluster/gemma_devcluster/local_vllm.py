@@ -15,14 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gemma_operator.children.vllm import VllmLaunch, vllm_container
-from gemma_operator.devcluster import processes
-from gemma_operator.devcluster.processes import (
+from gemma_devcluster import processes
+from gemma_devcluster.processes import (
     ProcessGroup,
     free_port,
     group_alive,
     resolve_env,
 )
+from gemma_operator.children.vllm import VllmLaunch, vllm_container
 
 __all__ = ["VllmProcess", "free_port", "group_alive", "request", "resolve_env", "start", "start_rendered"]
 

@@ -10,6 +10,9 @@ validation of custom resources from their CRD; pod logs; and discovery and serve
 in the shapes kubectl relies on. Every request is recorded as
 (verb, group, resource), and per User-Agent as a `Call` (with namespace and name), so tests can
 check RBAC against what the operator really calls, and not what the test itself calls.
+
+The request handlers are one class over one store, so they stay together; the API server's rules
+that need no store (selectors, patches, schemas, tables) are in `semantics.py`.
 """
 
 from __future__ import annotations
@@ -28,8 +31,7 @@ import jsonpatch
 import kmock
 import yaml
 
-from gemma_operator import crd
-from gemma_operator.devcluster.semantics import (
+from gemma_devcluster.semantics import (
     Kind,
     default_job_selector,
     error,
@@ -37,7 +39,8 @@ from gemma_operator.devcluster.semantics import (
     label_selector_matches,
     merge_patch,
 )
-from gemma_operator.status import now, timestamp
+from gemma_operator import crd
+from gemma_operator.clock import now, timestamp
 
 HISTORY = 50_000  # watch events kept for resuming
 OPENAPI_V3 = "/openapi/v3/apis/"

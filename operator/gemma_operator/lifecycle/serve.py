@@ -4,6 +4,8 @@ Pending -> WaitingForModel (a referenced fine-tune has no merged output yet) -> 
 Ready; Failed for an invalid spec or when no replica of a rollout ever became ready. Once a
 model has been served, a re-running fine-tune does not take it away: the Deployment keeps the
 previous output until the new merge lands, then rolls (maxSurge 0: no spare TPUs needed).
+Which of the fine-tune's outputs is served is `rollout_gate`'s decision (the newest run that passes
+spec.rollout.gate, or the pinned one); this module writes it into the status.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gemma_operator import evaluation, rollout_gate
 from gemma_operator.children import serving, serving_objects
-from gemma_operator.lifecycle import Decision, ResourceView, decide_with, set_cond
+from gemma_operator.conditions import condition
+from gemma_operator.lifecycle.common import Decision, ResourceView, decide_with, set_cond
 from gemma_operator.plan import ServePlan
 from gemma_operator.settings import OperatorSettings
-from gemma_operator.status import condition
 
 
 @dataclass
@@ -30,14 +33,13 @@ class ServeView(ResourceView):
     pods: list[dict] = field(default_factory=list)
 
 
-def resolve_model(ref_name: str | None, fine_tune: dict | None, status: dict[str, Any]) -> str | None:
-    """The fine-tune's merged output; while it re-runs, the output already being served."""
+def resolve_model(ref_name: str | None, fine_tune: dict | None, status: dict[str, Any],
+                  spec: dict[str, Any] | None = None) -> str | None:  # fmt: skip
+    """The newest of the fine-tune's merged outputs that passes the spec's rollout gate (or the
+    pinned run's); while none does, or while the fine-tune re-runs, the output already served."""
     if ref_name is None:
         return None
-    merged = ((fine_tune or {}).get("status") or {}).get("outputs", {}).get("merged")
-    if fine_tune and fine_tune.get("status", {}).get("phase") == "Succeeded" and merged:
-        return merged
-    return status.get("modelUri")
+    return rollout_gate.select_for(spec or {}, fine_tune, status.get("modelUri")).model_uri
 
 
 def decide(v: ServeView, settings: OperatorSettings) -> Decision:
@@ -49,14 +51,19 @@ def decide(v: ServeView, settings: OperatorSettings) -> Decision:
 
 def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
     st, p = d.status, v.plan
+    sel = _gate(v, d) if v.fine_tune_name else None
     if p.model_uri is None:
-        reason, message = _waiting(v)
+        reason, message = _blocked(sel) or _waiting(v)
         _cond(v, st, "ModelReady", False, reason, message)
         st.update(phase="WaitingForModel", message=message)
         return
     ft_status = (v.fine_tune or {}).get("status") or {}
     latest = ft_status.get("outputs", {}).get("merged")
-    if v.fine_tune_name and latest != p.model_uri:
+    if sel and sel.pin_missing:
+        _cond(v, st, "ModelReady", False, "RunNotFound", f"{sel.pin_missing}; {p.model_uri} keeps serving")
+    elif sel and sel.verdict and not sel.verdict.passed:
+        _cond(v, st, "ModelReady", True, "PreviousOutput", f"serving {p.model_uri}: {sel.verdict.message}")
+    elif v.fine_tune_name and latest != p.model_uri:
         _cond(v, st, "ModelReady", True, "PreviousOutput",
               f"serving {p.model_uri} while GemmaFineTune {v.fine_tune_name} is {ft_status.get('phase', 'missing')}")  # fmt: skip
     else:
@@ -99,6 +106,42 @@ def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
     problem = _pod_problem(v.pods)
     st.update(phase="Deploying", message=f"rolling out revision {p.revision}: {updated}/{replicas} updated, {ready} ready"
               + (f" ({problem})" if problem else ""))  # fmt: skip
+
+
+def _gate(v: ServeView, d: Decision) -> rollout_gate.Selection:
+    """The rollout gate's decision in the status: the runs that pass, the run served, GatePassed
+    (with an Event when it changes)."""
+    st, spec = d.status, v.plan.spec
+    sel = rollout_gate.select(spec.rollout.gate, evaluation.runs_of((v.fine_tune or {}).get("status") or {}),
+                              v.status.get("modelUri"), spec.model.fine_tune_ref.run)  # fmt: skip
+    st["passedRuns"] = sel.passed
+    if sel.run:
+        st["run"] = sel.run
+    else:
+        st.pop("run", None)  # nothing served, or an output the fine-tune no longer lists
+    before = condition(st.get("conditions"), "GatePassed")
+    if not spec.rollout.gate or sel.verdict is None:
+        if not spec.rollout.gate and before:
+            st["conditions"] = [c for c in st["conditions"] if c["type"] != "GatePassed"]
+        return sel
+    ok = sel.verdict.passed
+    served = f"serving run {sel.run}" if sel.run else f"serving {sel.model_uri}" if sel.model_uri else "nothing is served yet"
+    message = sel.verdict.message if ok else f"{sel.verdict.message}: not rolled out; {served}"
+    if not before or before.get("status") != str(ok) or before.get("message") != message:
+        d.events.append(("Normal" if ok else "Warning", "GatePassed" if ok else "RolloutBlocked", message))
+    _cond(v, st, "GatePassed", ok, sel.verdict.reason, message)
+    return sel
+
+
+def _blocked(sel: rollout_gate.Selection | None) -> tuple[str, str] | None:
+    """Why nothing can be served although the fine-tune has outputs: a pin to no known run, or a gate no run passes."""
+    if sel is None:
+        return None
+    if sel.pin_missing:
+        return "RunNotFound", sel.pin_missing
+    if sel.verdict is not None and not sel.verdict.passed:
+        return "RolloutBlocked", f"{sel.verdict.message}: nothing passes the gate yet"
+    return None
 
 
 def _waiting(v: ServeView) -> tuple[str, str]:

@@ -1,13 +1,19 @@
-"""Two operator replicas as the chart runs them (replicas: 2): one leads through the Lease, the
+"""Leader election through a Lease (leader.py): the Elector against the in-process API with time
+moved by hand, then two operator replicas as the chart runs them (replicas: 2): one leads, the
 other waits alive and ready, and takes over when the leader stops."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
+import kubernetes
 import pytest
 
+from gemma_devcluster.apiserver import write_kubeconfig
+from gemma_devcluster.processes import free_port
 from gemma_operator.children import training
-from gemma_operator.devcluster.apiserver import write_kubeconfig
-from gemma_operator.devcluster.processes import free_port
+from gemma_operator.leader import Elector
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
 from tests.support.builders import finetune
@@ -15,8 +21,59 @@ from tests.support.chart import NAMESPACE, grants, objects, one, role_grants
 from tests.support.operator import operator_calls
 from tests.support.process import chart_command, http_status, running, stop, until
 
-pytestmark = pytest.mark.slow
 NS = "default"
+
+
+class Clock:
+    """Monotonic seconds that move when the test says, or by `step` at every reading."""
+
+    def __init__(self, step: float = 0.0) -> None:
+        self.now, self.step = 1000.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def elector(apiserver, identity: str, clock: Clock) -> Elector:
+    cfg = kubernetes.client.Configuration()
+    cfg.host = str(apiserver.url).rstrip("/")
+    return Elector(kubernetes.client.ApiClient(cfg), "ops", "lead", identity, lease_seconds=15, clock=clock)
+
+
+async def test_a_silent_leader_is_replaced_once_its_lease_expires(apiserver):
+    clock = Clock()
+    a, b = elector(apiserver, "a", clock), elector(apiserver, "b", clock)
+    attempt = lambda e: asyncio.to_thread(e.try_acquire_or_renew)  # noqa: E731
+    assert await attempt(a) and await attempt(a), "the first candidate leads and renews"
+    assert not await attempt(b)
+    clock.now += 14
+    assert not await attempt(b), "14 s after b first saw a's renewal the lease still holds"
+    clock.now += 2
+    assert await attempt(b), "a went silent: b takes over after lease duration"
+    assert not await attempt(a), "a finds b renewed the lease after its own write"
+    lease = apiserver.objects[(apiserver.resource_of("coordination.k8s.io/v1", "leases"), "ops", "lead")]["spec"]
+    assert lease["holderIdentity"] == "b" and lease["leaseTransitions"] == 1
+
+
+async def test_concurrent_candidates_get_one_leader(apiserver):
+    clock = Clock()
+    candidates = [elector(apiserver, f"c{i}", clock) for i in range(4)]
+    won = await asyncio.gather(*(asyncio.to_thread(c.try_acquire_or_renew) for c in candidates))
+    assert sum(won) == 1
+
+
+async def test_a_leader_that_cannot_renew_steps_down_and_release_hands_over(apiserver):
+    clock = Clock()
+    a, b = elector(apiserver, "a", clock), elector(apiserver, "b", clock)
+    assert await asyncio.to_thread(a.try_acquire_or_renew)
+    await asyncio.to_thread(a.release)
+    assert await asyncio.to_thread(b.try_acquire_or_renew), "a released lease is taken at once"
+
+    lost = []
+    a.retry_seconds, clock.step = 0.01, 1.0  # b holds the lease: every renewal of a fails, time passes
+    await asyncio.wait_for(asyncio.to_thread(a.keep, lambda: lost.append(True), threading.Event(), deadline=3), 5)
+    assert lost == [True], "a stepped down once its renew deadline passed"
 
 
 def with_ports(command: list[str], health: int, metrics: int) -> list[str]:
@@ -31,6 +88,7 @@ def with_ports(command: list[str], health: int, metrics: int) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 async def test_a_standby_takes_over_when_the_leader_stops(apiserver, cluster, tmp_path):
     command = chart_command({"replicas": 2}, tmp_path)
     lease_arg = next(a for a in command if a.startswith("--leader-election-lease="))

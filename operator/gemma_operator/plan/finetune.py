@@ -1,0 +1,307 @@
+"""GemmaFineTune spec + operator settings -> a FineTunePlan holding every derived value, or a
+SpecError listing every problem.
+
+Each part is its own small builder: the JAX mesh, the micro-batch, the paths the pods must reach,
+the HBM fit, the host's memory and disk, the two workload configs and the cost. `plan_finetune`
+runs the checks first and builds the configs only for a spec that can be scheduled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from gemma_operator import api, fit, host, mounts, tpu
+from gemma_operator.model_shapes import PRESETS, ModelShape, infer_preset
+from gemma_operator.plan import evaluation
+from gemma_operator.plan.common import Placement, SpecError, check_paths, digest, grace_seconds, parse, placement
+from gemma_operator.settings import OperatorSettings
+from gemma_workloads.config import DatasetConfig, LoraConfig, MergeConfig, MeshConfig, TrainConfig, join, run_dir
+
+MAX_TP = 4  # Gemma 4 31B's global layers have 4 KV heads: TP=8 does not divide them.
+
+
+@dataclass(frozen=True)
+class RunEstimate:
+    steps: int
+    tokens: int
+    hours: float
+    chip_hours: float
+    cost: float
+
+
+@dataclass(frozen=True)
+class FineTunePlan:
+    name: str
+    namespace: str
+    spec: api.GemmaFineTuneSpec
+    preset: str | None
+    shape: ModelShape | None
+    placement: Placement
+    mesh: MeshConfig
+    micro_batch: int
+    run: str
+    merge_id: str
+    run_dir: str
+    merged_dir: str
+    train: TrainConfig
+    merge: MergeConfig
+    memory: fit.MemoryEstimate | None
+    estimate: RunEstimate | None
+    image: str
+    merge_image: str
+    merge_memory_gib: int
+    service_account: str | None
+    queue: str | None  # the training workload's (the CR's label, else settings.kueue_queue)
+    merge_queue: str | None
+    price_per_chip_hour: float
+    host: host.HostPlan | None = None  # memory and staging disk of a TPU training pod
+    evaluation: evaluation.EvaluationEstimate | None = None  # the evaluation's extra time and cost
+
+    @property
+    def multi_host(self) -> bool:
+        return self.placement.hosts > 1
+
+    @property
+    def model_label(self) -> str:
+        return self.preset or (self.spec.model.hf_repo or self.spec.model.uri or "").rsplit("/", 1)[-1]
+
+
+def default_mesh(devices: int, shape: ModelShape | None) -> MeshConfig:
+    """As the seed paper on v5p: tp up to 4 (4 devices -> 1x4, 8 -> 2x4, 16 -> 4x4), then fsdp."""
+    tp = 1
+    for candidate in range(min(MAX_TP, devices), 0, -1):
+        if devices % candidate == 0 and _divides_heads(candidate, shape):
+            tp = candidate
+            break
+    return MeshConfig(fsdp=devices // tp, tp=tp)
+
+
+def _divides_heads(tp: int, shape: ModelShape | None) -> bool:
+    if shape is None:
+        return True
+    return all(n % tp == 0 for n in (shape.heads, shape.kv_heads, shape.global_kv_heads))
+
+
+def _model_path(spec: api.ModelSource) -> str:
+    return spec.uri if spec.uri else f"hf://{spec.hf_repo}"
+
+
+# ---------------------------------------------------------------------------- checks
+
+
+def _mesh(spec: api.GemmaFineTuneSpec, place: Placement, shape: ModelShape | None,
+          preset: str | None) -> tuple[MeshConfig, list[str]]:  # fmt: skip
+    """The spec's mesh, which must cover the slice and divide the heads, or the default one."""
+    devices = place.chips or 1
+    if spec.training.mesh is None:
+        return default_mesh(devices, shape), []
+    mesh = MeshConfig(fsdp=spec.training.mesh.fsdp, tp=spec.training.mesh.tp)
+    if mesh.fsdp * mesh.tp != devices:
+        return mesh, [f"spec.training.mesh: fsdp {mesh.fsdp} x tp {mesh.tp} = {mesh.fsdp * mesh.tp} devices, "
+                      f"but {place.label} has {devices}"]  # fmt: skip
+    if not _divides_heads(mesh.tp, shape):
+        return mesh, [f"spec.training.mesh.tp: {mesh.tp} does not divide {preset}'s attention heads "
+                      f"({shape.heads}), KV heads ({shape.kv_heads}) and global KV heads ({shape.global_kv_heads})"]  # fmt: skip
+    return mesh, []
+
+
+def _micro_batch(spec: api.GemmaFineTuneSpec, mesh: MeshConfig) -> tuple[int, list[str]]:
+    batch = spec.training.batch_size
+    micro = spec.training.micro_batch_size or min(batch, mesh.fsdp)
+    problems = []
+    if batch % micro:
+        problems.append(f"spec.training.microBatchSize: {micro} does not divide batchSize {batch}")
+    if micro % mesh.fsdp:
+        problems.append(
+            f"spec.training.microBatchSize: {micro} must be a multiple of the mesh's fsdp size {mesh.fsdp} "
+            "(each data-parallel shard takes whole sequences)"
+        )
+    return micro, problems
+
+
+def _reachable(spec: api.GemmaFineTuneSpec) -> list[str]:
+    """Paths the pods must reach, a storage mount that clashes with none of theirs, and the evaluation's rows."""
+    problems = check_paths(
+        {"spec.model.uri": spec.model.uri, "spec.dataset.uri": spec.dataset.uri, "spec.output.uri": spec.output.uri,
+         "spec.evaluation.uri": spec.evaluation and spec.evaluation.uri},
+        spec.storage,
+        spec.tpu.accelerator,
+    )  # fmt: skip
+    problems += mounts.storage_problems(spec.storage, (mounts.CONFIG_DIR, mounts.SHM_DIR, host.STAGING_DIR),
+                                        mounts.GCS_MOUNT_ROOT)  # fmt: skip
+    return problems + evaluation.problems(spec)
+
+
+def _hbm(spec: api.GemmaFineTuneSpec, place: Placement, shape: ModelShape | None, preset: str | None,
+         mesh: MeshConfig, micro: int, settings: OperatorSettings) -> tuple[fit.MemoryEstimate | None, list[str]]:  # fmt: skip
+    """HBM per chip for training, known with a model preset on a TPU."""
+    if shape is None or place.slice is None:
+        return None, []
+    memory = fit.training_memory(
+        shape,
+        dtype=spec.model.dtype,
+        fsdp=mesh.fsdp,
+        tp=mesh.tp,
+        micro_batch=micro,
+        seq_len=spec.dataset.max_seq_len,
+        lora_rank=spec.lora.rank,
+        lora_targets=spec.lora.target_modules,
+        remat=spec.training.gradient_checkpointing,
+        hbm_gib=tpu.GENERATIONS[place.accelerator].hbm_gib_per_chip,
+        usable_fraction=settings.hbm_usable_fraction,
+    )
+    if memory.fits:
+        return memory, []
+    hint = "" if spec.training.gradient_checkpointing else "; enable training.gradientCheckpointing"
+    return memory, [
+        f"spec.tpu: {preset} does not fit {place.label} for training: {memory.describe()} "
+        f"(seq {spec.dataset.max_seq_len}, micro-batch {micro}, LoRA rank {spec.lora.rank}){hint}; "
+        "use a larger topology, a shorter dataset.maxSeqLen or a smaller microBatchSize"
+    ]
+
+
+def _host(spec: api.GemmaFineTuneSpec, place: Placement, shape: ModelShape | None, preset: str | None,
+          settings: OperatorSettings) -> tuple[host.HostPlan | None, list[str]]:  # fmt: skip
+    """Memory and staging disk of a TPU training host, with the problems of a host too small."""
+    if place.slice is None:
+        return None, []
+    plan = host.plan_host(shape, _model_path(spec.model), spec.model.dtype, place.slice, settings)
+    where = f"a {place.slice.machine_type} host of {place.label}"
+    return plan, host.problems(plan, preset or "the model", where, place.slice)
+
+
+# ---------------------------------------------------------------------------- the workload configs
+
+
+def train_config(spec: api.GemmaFineTuneSpec, place: Placement, mesh: MeshConfig, micro: int, output_dir: str,
+                 settings: OperatorSettings, memory: fit.MemoryEstimate | None = None) -> TrainConfig:  # fmt: skip
+    """The training pod's config. The dataset and LoRA fields are the contract's own (api declares
+    them with its types), so they are handed over whole; only the dataset's location is renamed.
+    With gradient checkpointing on, the remat policy is the fastest the HBM estimate fits."""
+    t = spec.training
+    return TrainConfig(
+        model_path=_model_path(spec.model),
+        model_dtype=spec.model.dtype,
+        dataset=DatasetConfig(path=spec.dataset.uri, **spec.dataset.model_dump(exclude={"uri"})),
+        lora=LoraConfig(**spec.lora.model_dump()),
+        steps=t.steps,
+        epochs=t.epochs,
+        batch_size=t.batch_size,
+        micro_batch_size=micro,
+        learning_rate=t.learning_rate,
+        lr_schedule=t.lr_schedule,
+        warmup_steps=t.warmup_steps,
+        weight_decay=t.weight_decay,
+        seed=t.seed,
+        checkpoint_every=t.checkpoint_every,
+        keep_checkpoints=t.keep_checkpoints,
+        log_every=t.log_every,
+        gradient_checkpointing=t.gradient_checkpointing,
+        remat_policy=fit.remat_policy(memory) if memory is not None and t.gradient_checkpointing else None,
+        mesh=mesh,
+        output_dir=output_dir,
+        num_hosts=place.hosts,
+        # The trainer decides whether a final checkpoint fits in the pod's grace period.
+        termination_grace_seconds=grace_seconds(spec.tpu, settings),
+        peak_tflops_per_device=tpu.GENERATIONS[place.accelerator].peak_bf16_tflops if place.slice else None,
+        evaluation=evaluation.train_config(spec),
+    )
+
+
+def merge_config(spec: api.GemmaFineTuneSpec, train: TrainConfig, merged_dir: str) -> MergeConfig:
+    return MergeConfig(
+        base_model_path=train.model_path,
+        checkpoint_dir=train.checkpoint_dir,
+        # The merge publishes its output folder by a rename: it writes files, through a FUSE mount.
+        output_dir=mounts.fuse_path(merged_dir),
+        dtype=spec.merge.dtype,
+        shard_size_bytes=fit.parse_size(spec.merge.shard_size),
+    )
+
+
+def _estimate(
+    spec: api.GemmaFineTuneSpec, shape: ModelShape | None, place: Placement, settings: OperatorSettings, price: float
+) -> RunEstimate | None:
+    """Duration and cost at the assumed MFU; known only with a model preset, a TPU and steps."""
+    if shape is None or place.slice is None or spec.training.steps is None:
+        return None
+    tokens = spec.training.steps * spec.training.batch_size * spec.dataset.max_seq_len
+    peak = place.chips * tpu.GENERATIONS[place.accelerator].peak_bf16_tflops * 1e12
+    hours = tokens * shape.flops_per_token() / (peak * settings.assumed_mfu) / 3600
+    chip_hours = hours * place.chips
+    return RunEstimate(spec.training.steps, tokens, hours, chip_hours, chip_hours * price)
+
+
+def _merge_memory_gib(shape: ModelShape | None, spec: api.GemmaFineTuneSpec, workers: int) -> int:
+    """Streaming merge: per worker a target tensor in float32 three times (base, delta, sum),
+    plus the LoRA state in float32, plus room for read/write buffers."""
+    if shape is None:
+        return 16
+    tensor = shape.largest_target_elements(spec.lora.target_modules) * 4 * 3
+    lora_state = shape.lora_params(spec.lora.rank, spec.lora.target_modules) * 4
+    return max(2, math.ceil((workers * tensor + lora_state) / fit.GIB) + 2)
+
+
+# ---------------------------------------------------------------------------- the plan
+
+
+def plan_finetune(
+    name: str,
+    namespace: str,
+    spec: dict[str, Any] | api.GemmaFineTuneSpec,
+    settings: OperatorSettings,
+    labels: dict[str, str] | None = None,
+) -> FineTunePlan:
+    """Everything the children of a GemmaFineTune need, or a SpecError listing every problem."""
+    if not isinstance(spec, api.GemmaFineTuneSpec):
+        spec = parse(api.GemmaFineTuneSpec, spec)
+    preset = spec.model.preset or infer_preset(spec.model.hf_repo)
+    shape = PRESETS.get(preset) if preset else None
+    try:
+        place = placement(spec.tpu)
+        mesh, problems = _mesh(spec, place, shape, preset)
+    except SpecError as e:  # report it with whatever else is wrong
+        place, mesh, problems = Placement("cpu", None, {}, []), MeshConfig(fsdp=1, tp=1), e.problems
+    micro, batch_problems = _micro_batch(spec, mesh)
+    memory, hbm_problems = _hbm(spec, place, shape, preset, mesh, micro, settings)
+    host_plan, host_problems = _host(spec, place, shape, preset, settings)
+    if problems := problems + batch_problems + _reachable(spec) + hbm_problems + host_problems:
+        raise SpecError(problems)
+
+    run = digest({**spec.model_dump(mode="json", include={"model", "dataset", "lora", "training"}),
+                  **evaluation.run_inputs(spec)})  # fmt: skip
+    merge_id = digest(spec.merge.model_dump(mode="json", exclude={"enabled"}), 6)
+    rdir = run_dir(spec.output.uri, run)
+    merged = join(rdir, f"merged-{merge_id}")
+    train = train_config(spec, place, mesh, micro, rdir, settings, memory)
+    merge = merge_config(spec, train, merged)
+    price = settings.prices_per_chip_hour.get(place.accelerator, 0.0)
+    return FineTunePlan(
+        name=name,
+        namespace=namespace,
+        spec=spec,
+        preset=preset,
+        shape=shape,
+        placement=place,
+        mesh=mesh,
+        micro_batch=micro,
+        run=run,
+        merge_id=merge_id,
+        run_dir=rdir,
+        merged_dir=merged,
+        train=train,
+        merge=merge,
+        memory=memory,
+        estimate=_estimate(spec, shape, place, settings, price),
+        image=spec.images.training or settings.images.workloads,
+        merge_image=spec.images.merge or settings.images.workloads,
+        merge_memory_gib=_merge_memory_gib(shape, spec, merge.workers),
+        service_account=spec.service_account_name or settings.workload_service_account,
+        queue=(labels or {}).get("kueue.x-k8s.io/queue-name") or settings.kueue_queue,
+        merge_queue=settings.merge_kueue_queue,
+        price_per_chip_hour=price,
+        host=host_plan,
+        evaluation=evaluation.estimate(spec, shape, place.chips, place.accelerator, settings.assumed_mfu, price),
+    )

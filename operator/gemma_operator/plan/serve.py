@@ -1,0 +1,139 @@
+"""GemmaServe spec + operator settings -> a ServePlan: the slice, the HBM fit at the tensor-parallel
+size, the start-up budget and the disk an hf:// model is downloaded to, or a SpecError."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gemma_operator import api, fit, host, mounts, rollout_gate, tpu
+from gemma_operator.model_shapes import PRESETS, ModelShape, infer_preset
+from gemma_operator.plan.common import Placement, SpecError, check_paths, digest, parse, placement
+from gemma_operator.settings import OperatorSettings
+
+# A first start of 31B on v6e-8 compiles for about 8 minutes, 10 with the download (seed paper).
+MIN_STARTUP_SECONDS = {"gemma4-31b": 600, "gemma4-26b-a4b": 600}
+
+
+def default_startup_seconds(place: Placement, shape: ModelShape | None) -> int:
+    """Loading plus XLA compilation grows with the model: 5 minutes plus 20 s per billion
+    parameters (15 minutes for 31B), 30 minutes when the size is unknown, 10 on CPU."""
+    if place.slice is None:
+        return 600
+    if shape is None:
+        return 1800
+    return max(600, int(300 + 20 * shape.params / 1e9))
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    name: str
+    namespace: str
+    spec: api.GemmaServeSpec
+    placement: Placement
+    model_uri: str | None  # None: waiting for the referenced fine-tune
+    served_name: str
+    preset: str | None
+    tensor_parallel: int
+    memory: fit.MemoryEstimate | None
+    image: str
+    service_account: str | None
+    queue: str | None
+    startup_seconds: int
+    staging: host.HostPlan | None = None  # the disk an hf:// model is downloaded to (its staging fields)
+
+    @property
+    def multi_host(self) -> bool:
+        return self.placement.hosts > 1
+
+    @property
+    def revision(self) -> str:
+        """Changes whenever the pods must be replaced: a new model or a new pod-relevant spec."""
+        # The gate and the pin choose the model (model_uri): by themselves they replace no pod.
+        spec = self.spec.model_dump(mode="json", exclude={"replicas": True, "rollout": {"gate"}, "model": {"fine_tune_ref": {"run"}}})
+        return digest({"model": self.model_uri, "spec": spec})
+
+
+def _memory(spec: api.GemmaServeSpec, place: Placement, shape: ModelShape | None, preset: str | None,
+            tp: int) -> tuple[fit.MemoryEstimate | None, list[str]]:  # fmt: skip
+    """HBM per chip at this tensor-parallel size, known with a model preset on a TPU."""
+    if shape is None or place.slice is None:
+        return None, []
+    memory = fit.serving_memory(
+        shape,
+        tp=tp,
+        max_model_len=spec.vllm.max_model_len,
+        hbm_gib=tpu.GENERATIONS[place.accelerator].hbm_gib_per_chip,
+        gpu_memory_utilization=spec.vllm.gpu_memory_utilization,
+    )
+    if memory.fits:
+        return memory, []
+    return memory, [f"spec.tpu: {preset} does not fit {place.label} for serving: {memory.describe()} "
+                    f"(TP {tp}, maxModelLen {spec.vllm.max_model_len}); use a larger topology or a shorter maxModelLen"]  # fmt: skip
+
+
+def _startup(spec: api.GemmaServeSpec, place: Placement, shape: ModelShape | None) -> tuple[int, list[str]]:
+    startup = spec.startup_timeout_seconds or default_startup_seconds(place, shape)
+    if shape is not None and place.slice is not None and startup < MIN_STARTUP_SECONDS.get(shape.preset, 0):
+        return startup, [
+            f"spec.startupTimeoutSeconds: {startup} is too short for {shape.preset}: loading and XLA compilation "
+            f"take up to {MIN_STARTUP_SECONDS[shape.preset] // 60} minutes on a first start"
+        ]
+    return startup, []
+
+
+def _staging(uri: str | None, place: Placement, shape: ModelShape | None, preset: str | None,
+             settings: OperatorSettings) -> tuple[host.HostPlan | None, list[str]]:  # fmt: skip
+    """Every host downloads an hf:// model whole before loading it: onto a disk planned like
+    training's, not the node's boot disk, which a 31B download fills (the kubelet then evicts the pod)."""
+    if place.slice is None or not uri or not uri.startswith("hf://"):
+        return None, []
+    staging = replace(host.plan_host(shape, uri, "bfloat16", place.slice, settings), memory=None)
+    where = f"a {place.slice.machine_type} host of {place.label}"
+    return staging, host.problems(staging, preset or "the model", where, place.slice)
+
+
+def plan_serve(
+    name: str,
+    namespace: str,
+    spec: dict[str, Any] | api.GemmaServeSpec,
+    settings: OperatorSettings,
+    *,
+    model_uri: str | None = None,
+    fine_tune_preset: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> ServePlan:
+    """Everything the serving children need. `model_uri` is the resolved fineTuneRef output."""
+    if not isinstance(spec, api.GemmaServeSpec):
+        spec = parse(api.GemmaServeSpec, spec)
+    node_pool = settings.serving_node_pools.get(spec.tpu.topology or "2x4") if spec.tpu.accelerator == "v6e" else None
+    place = placement(spec.tpu, node_pool=node_pool)
+    preset = spec.model.preset or infer_preset(spec.model.hf_repo) or fine_tune_preset
+    shape = PRESETS.get(preset) if preset else None
+    tp = place.chips or 1
+    memory, problems = _memory(spec, place, shape, preset, tp)
+    problems += check_paths({"spec.model.uri": spec.model.uri}, spec.storage, place.accelerator)
+    problems += rollout_gate.gate_problems(spec.rollout.gate)
+    problems += mounts.storage_problems(spec.storage, (*mounts.SERVING, host.STAGING_DIR))
+    startup, too_short = _startup(spec, place, shape)
+    uri = spec.model.uri or (f"hf://{spec.model.hf_repo}" if spec.model.hf_repo else model_uri)
+    staging, no_room = _staging(uri, place, shape, preset, settings)
+    if problems := problems + too_short + no_room:
+        raise SpecError(problems)
+    image = spec.vllm.image or (settings.images.serving_cpu if place.accelerator == "cpu" else settings.images.serving_tpu)
+    return ServePlan(
+        name=name,
+        namespace=namespace,
+        spec=spec,
+        placement=place,
+        model_uri=uri,
+        served_name=spec.model.served_name or name,
+        preset=preset,
+        tensor_parallel=tp,
+        memory=memory,
+        image=image,
+        service_account=spec.service_account_name or settings.workload_service_account,
+        queue=(labels or {}).get("kueue.x-k8s.io/queue-name") or settings.serving_kueue_queue,
+        startup_seconds=startup,
+        staging=staging,
+    )
