@@ -4,7 +4,9 @@ Both take the model's logits and return the mean next-token loss over the traine
 training loss without `loss_scale`); the "model" here returns fixed random logits, so only the
 loss and its gradient are measured. Time: medians of alternating runs at a shape a CPU can hold.
 Scratch memory (XLA's temporaries for loss and gradient, from the compiled program, nothing is
-run) also at the 31B model's vocabulary and a paper-sized sequence.
+run) also at the 31B model's vocabulary and a paper-sized sequence, and there too for the whole
+unembedding + loss from the final hidden states: logits made whole, or in chunks
+(cross_entropy.py, `--chunk` tokens).
 
     python benchmarks/loss.py [--batch 2] [--seq 512] [--vocab 32768] [--repeat 7]
 """
@@ -19,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from tunix.sft import peft_trainer
 
-from gemma_workloads.training import loss
+from gemma_workloads.training import cross_entropy, loss
 
 LOSSES = {"tunix default": peft_trainer._default_loss_fn, "token_weighted_nll": loss.token_weighted_nll}
 
@@ -44,6 +46,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--chunk", type=int, default=512)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     logits = jnp.asarray(rng.standard_normal((args.batch, args.seq, args.vocab)), jnp.float32)
@@ -64,6 +67,25 @@ def main() -> None:
     print("scratch at 1 x 3072 x 262144 (the 31B vocabulary, compiled only):")
     for name, fn in LOSSES.items():
         print(f"  {name:<20} {scratch_mib(fn, 1, 3072, 262144) / 1024:8.1f} GiB")
+    print("scratch from hidden states 1 x 3072 x 5376 and the 262144 x 5376 embedding, softcap 30:")
+    for dtype in (jnp.float32, jnp.bfloat16):
+        for name, chunk in (("whole logits", None), (f"chunks of {args.chunk}", args.chunk)):
+            gib = unembedding_scratch_mib(chunk, 1, 3072, 5376, 262144, dtype) / 1024
+            print(f"  {jnp.dtype(dtype).name:<9} {name:<20} {gib:8.2f} GiB")
+
+
+def unembedding_scratch_mib(chunk: int | None, batch: int, seq: int, dim: int, vocab: int, dtype) -> float:
+    """XLA's temporaries for the loss and its gradient with respect to the hidden states."""
+    def nll(hidden, embedding, targets):
+        if chunk:
+            return cross_entropy.token_nll(hidden, embedding, targets, softcap=30.0, chunk_tokens=chunk).sum()
+        logits = jnp.tanh(jnp.dot(hidden, embedding.T).astype(jnp.float32) / 30.0) * 30.0
+        return (jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]).sum()
+
+    shapes = [jax.ShapeDtypeStruct((batch, seq, dim), dtype), jax.ShapeDtypeStruct((vocab, dim), dtype),
+              jax.ShapeDtypeStruct((batch, seq), jnp.int32)]
+    compiled = jax.jit(jax.value_and_grad(nll)).lower(*shapes).compile()
+    return compiled.memory_analysis().temp_size_in_bytes / 2**20
 
 
 if __name__ == "__main__":

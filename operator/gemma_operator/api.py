@@ -297,7 +297,8 @@ class Training(Model):
     keep_checkpoints: Annotated[int, Field(ge=1, description="Checkpoints kept.")] = 3
     log_every: Annotated[int, Field(ge=1, description="Steps between progress reports.")] = 10
     gradient_checkpointing: Annotated[
-        bool, Field(description="Rematerialise decoder layers (less HBM, ~30% more compute).")
+        bool, Field(description="Rematerialise decoder layers where HBM needs it: the plan keeps all activations, "
+                     "the matmul outputs, or only layer inputs, the fastest its HBM estimate fits.")
     ] = True
     mesh: Annotated[Mesh | None, Field(description="Override the derived mesh.")] = None
 

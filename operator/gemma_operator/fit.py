@@ -5,7 +5,9 @@ Deliberately simple, per-chip, and conservative where the layout is not known:
   AdamW moments in float32, sharded over tp only; activations per micro-batch (with decoder
   rematerialisation only the layer inputs are kept, plus one layer's working set; without it every
   layer's), using the 34*D + 5*heads*seq bytes-per-token rule of Korthikanti et al. (2022); the
-  float32 logits and their gradient; a fixed allowance for XLA's buffers.
+  float32 logits and their gradient; a fixed allowance for XLA's buffers. `remat_policy` picks
+  the fastest rematerialisation that fits (gemma_workloads.training.remat): keeping everything, else
+  keeping the projections' outputs ("dots"), else whole-layer recompute.
 - serving: weights / TP, plus the KV cache of one full `maxModelLen` sequence (vLLM refuses to
   start without room for it), against `gpuMemoryUtilization` of the HBM.
 - the training host: every host loads the whole checkpoint. Tunix's loader maps the files and
@@ -18,7 +20,7 @@ Deliberately simple, per-chip, and conservative where the layout is not known:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gemma_operator.model_shapes import DTYPE_BYTES, ModelShape
 
@@ -41,6 +43,7 @@ class MemoryEstimate:
     parts: dict[str, float]
     available: float
     unit: str = "per chip"
+    activations_by_remat: dict[str, float] = field(default_factory=dict)  # training: bytes per remat policy
 
     @property
     def total(self) -> float:
@@ -74,7 +77,12 @@ def training_memory(
     tokens = max(1, micro_batch // fsdp) * seq_len  # per device: the batch is split over fsdp
     per_layer_work = tokens * (34 * shape.embed_dim + 5 * shape.heads * seq_len) * b / tp
     layer_inputs = tokens * shape.embed_dim * b * shape.layers
-    activations = layer_inputs + per_layer_work if remat else per_layer_work * shape.layers
+    # "dots" also keeps each layer's matmul outputs: q, k, v, attention, o, gate, up, down
+    q, kv, d = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.embed_dim
+    saved_dots = tokens * (2 * q + 2 * kv + 2 * d + 2 * shape.mlp_dim) * b / tp * shape.layers
+    by_remat = {"none": per_layer_work * shape.layers, "dots": layer_inputs + saved_dots + per_layer_work,
+                "full": layer_inputs + per_layer_work}
+    activations = by_remat["full" if remat else "none"]
     parts = {
         "weights": shape.params * b / devices,
         "lora+adam": shape.lora_params(lora_rank, lora_targets) * 4 * 4 / tp,
@@ -82,7 +90,18 @@ def training_memory(
         "logits": tokens * shape.vocab * 4 * 2 / tp,
         "xla": XLA_ALLOWANCE,
     }
-    return MemoryEstimate(parts, hbm_gib * GIB * usable_fraction)
+    return MemoryEstimate(parts, hbm_gib * GIB * usable_fraction, activations_by_remat=by_remat)
+
+
+def remat_policy(estimate: MemoryEstimate) -> str:
+    """The fastest remat policy whose activations fit beside the rest of a training estimate:
+    "none", then "dots", else "full". Host offload is never chosen here: the host's memory is
+    budgeted for loading the checkpoint (host.py), not for activations."""
+    rest = estimate.total - estimate.parts["activations"]
+    for policy in ("none", "dots"):
+        if rest + estimate.activations_by_remat[policy] <= estimate.available:
+            return policy
+    return "full"
 
 
 def serving_memory(

@@ -54,6 +54,12 @@ LoraAlpha = Annotated[float, Field(default=32.0, gt=0)]
 LoraDropout = Annotated[float, Field(default=0.0, ge=0.0, lt=1.0)]
 
 
+# How the backward pass treats each decoder layer (gemma_workloads.training.remat; chosen by the operator
+# from its HBM estimate, gemma_operator.fit.remat_policy): fastest first.
+REMAT_POLICIES = ("none", "dots", "offload", "full")
+ATTENTION_PATHS = ("auto", "reference", "xla", "cudnn", "splash")  # gemma_workloads.training.attention
+
+
 class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -147,6 +153,17 @@ class TrainConfig(_Config):
     keep_checkpoints: Annotated[int, Field(ge=1)] = 3
     log_every: Annotated[int, Field(ge=1)] = 10
     gradient_checkpointing: bool = True
+    remat_policy: Annotated[
+        Literal["none", "dots", "offload", "full"] | None,
+        Field(description="What the backward pass recomputes; None: 'full' with gradient_checkpointing, else 'none'."),
+    ] = None
+    attention: Annotated[
+        Literal["auto", "reference", "xla", "cudnn", "splash"],
+        Field(description="Training attention kernel; auto: splash on TPU, cuDNN on GPU, XLA elsewhere."),
+    ] = "auto"
+    loss_chunk_tokens: Annotated[
+        int | None, Field(ge=1, description="Tokens per chunk of the cross-entropy; None: whole float32 logits.")
+    ] = 512
     mesh: MeshConfig | None = None
     output_dir: str
     num_hosts: Annotated[int, Field(ge=1)] = 1
@@ -175,6 +192,11 @@ class TrainConfig(_Config):
     @property
     def checkpoint_dir(self) -> str:
         return join(self.output_dir, "checkpoints")
+
+    @property
+    def remat(self) -> str:
+        """The remat policy in force."""
+        return self.remat_policy or ("full" if self.gradient_checkpointing else "none")
 
     @property
     def grad_accumulation(self) -> int:

@@ -176,9 +176,10 @@ def _host(spec: api.GemmaFineTuneSpec, place: Placement, shape: ModelShape | Non
 
 
 def train_config(spec: api.GemmaFineTuneSpec, place: Placement, mesh: MeshConfig, micro: int, output_dir: str,
-                 settings: OperatorSettings) -> TrainConfig:  # fmt: skip
+                 settings: OperatorSettings, memory: fit.MemoryEstimate | None = None) -> TrainConfig:  # fmt: skip
     """The training pod's config. The dataset and LoRA fields are the contract's own (api declares
-    them with its types), so they are handed over whole; only the dataset's location is renamed."""
+    them with its types), so they are handed over whole; only the dataset's location is renamed.
+    With gradient checkpointing on, the remat policy is the fastest the HBM estimate fits."""
     t = spec.training
     return TrainConfig(
         model_path=_model_path(spec.model),
@@ -198,6 +199,7 @@ def train_config(spec: api.GemmaFineTuneSpec, place: Placement, mesh: MeshConfig
         keep_checkpoints=t.keep_checkpoints,
         log_every=t.log_every,
         gradient_checkpointing=t.gradient_checkpointing,
+        remat_policy=fit.remat_policy(memory) if memory is not None and t.gradient_checkpointing else None,
         mesh=mesh,
         output_dir=output_dir,
         num_hosts=place.hosts,
@@ -273,7 +275,7 @@ def plan_finetune(
     merge_id = digest(spec.merge.model_dump(mode="json", exclude={"enabled"}), 6)
     rdir = run_dir(spec.output.uri, run)
     merged = join(rdir, f"merged-{merge_id}")
-    train = train_config(spec, place, mesh, micro, rdir, settings)
+    train = train_config(spec, place, mesh, micro, rdir, settings, memory)
     merge = merge_config(spec, train, merged)
     price = settings.prices_per_chip_hour.get(place.accelerator, 0.0)
     return FineTunePlan(

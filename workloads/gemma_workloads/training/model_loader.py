@@ -25,6 +25,7 @@ from tunix.models import safetensors_loader
 from tunix.models.gemma4 import model as gemma4
 from tunix.models.gemma4 import params_safetensors
 
+from gemma_workloads.training import remat
 from gemma_workloads.training.mesh import fit_to_mesh
 
 log = logging.getLogger(__name__)
@@ -170,4 +171,4 @@ def set_remat(model: gemma4.Gemma4, on: bool) -> None:
     Switch it on only after LoRA is applied: Qwix creates its parameters in a first forward pass,
     and parameters created inside `nnx.remat` are silently lost.
     """
-    model.config.remat_config = gemma4.RematConfig.DECODER if on else gemma4.RematConfig.NONE  # one config, shared by every layer
+    remat.use_remat(model, "full" if on else "none")

@@ -30,10 +30,10 @@ from gemma_workloads.sources import resolve_model
 from gemma_workloads.training import batches as batching
 from gemma_workloads.training import checkpoint_writer as checkpoints
 from gemma_workloads.training import flops as metrics
-from gemma_workloads.training import lora, loss, mesh
+from gemma_workloads.training import attention, lora, loss, mesh, remat
 from gemma_workloads.training.evaluation import evaluate as evaluation
 from gemma_workloads.training.feed import DataFeed
-from gemma_workloads.training.model_loader import load_model, read_hf_config, set_remat
+from gemma_workloads.training.model_loader import load_model, read_hf_config
 from gemma_workloads.training.preemption import Preempted, Preemption
 from gemma_workloads.training.progress import NonFiniteStep, ProgressReporter
 
@@ -159,10 +159,11 @@ class Trainer(peft_trainer.PeftTrainer):
 
 
 def adapt(model: gemma4.Gemma4, config: TrainConfig, device_mesh: jax.sharding.Mesh) -> tuple[gemma4.Gemma4, nnx.Rngs | None]:
-    """LoRA on the base model, placed on the mesh, with remat and dropout as configured."""
+    """LoRA on the base model, placed on the mesh, with attention, remat and dropout as configured."""
     model = lora.apply_lora(model, config.lora, seed=config.seed)
     mesh.fit_to_mesh(model, device_mesh, place=True)
-    set_remat(model, config.gradient_checkpointing)
+    log.info("attention: %s; remat: %s", attention.use_attention(model, config.attention), config.remat)
+    remat.use_remat(model, config.remat)
     dropout = nnx.Rngs(dropout=config.seed) if config.lora.dropout > 0 else None
     if dropout is not None:
         model.set_attributes(qwix_rngs=dropout)  # Qwix draws LoRA dropout masks from here
@@ -179,7 +180,7 @@ def make_trainer(model: gemma4.Gemma4, config: TrainConfig, total_steps: int, de
         checkpoint_root_directory=config.checkpoint_dir,
         checkpointing_options=checkpoints.options(config, total_steps, times),
         pbar_description=None,
-    )).with_loss_fn(loss.token_weighted_nll).with_gen_model_input_fn(batching.model_inputs)
+    )).with_loss_fn(loss.trainer_loss(config.loss_chunk_tokens)).with_gen_model_input_fn(batching.model_inputs)
     trainer.mesh = device_mesh
     trainer.save_times = times
     checkpoints.time_saves(trainer.checkpoint_manager, times)
