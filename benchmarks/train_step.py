@@ -148,7 +148,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps; the first (compilation) is not timed")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--attention", default="auto", choices=ATTENTION_PATHS, help="the fast path's attention")
+    parser.add_argument("--attention", default="auto", choices=ATTENTION_PATHS,
+                        help="the fast path's attention (auto is the reference on a CPU: pass xla to time XLA's kernel)")
     parser.add_argument("--loss-chunk", type=int, default=512, help="tokens per cross-entropy chunk; 0: whole logits")
     parser.add_argument("--remat", default="dots", choices=REMAT_POLICIES, help="the fast path's remat policy")
     parser.add_argument("--no-baseline", action="store_true",

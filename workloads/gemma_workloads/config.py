@@ -159,7 +159,7 @@ class TrainConfig(_Config):
     ] = None
     attention: Annotated[
         Literal["auto", "reference", "xla", "cudnn", "splash"],
-        Field(description="Training attention kernel; auto: splash on TPU, cuDNN on GPU, XLA elsewhere."),
+        Field(description="Training attention kernel; auto: splash on TPU, cuDNN on GPU, Tunix's own (reference) elsewhere."),
     ] = "auto"
     loss_chunk_tokens: Annotated[
         int | None, Field(ge=1, description="Tokens per chunk of the cross-entropy; None: whole float32 logits.")
