@@ -9,11 +9,11 @@ import tomllib
 
 import pytest
 import yaml
+from scripts.manifests import CHART, ROOT
 
 from gemma_operator.children import merge_objects, training_objects
 from gemma_operator.cli import build_parser, plan_documents
 from gemma_operator.settings import OperatorSettings
-from scripts.manifests import CHART, ROOT
 from tests.support.chart import objects, one
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -19,7 +19,14 @@ from flax import nnx
 
 from gemma_workloads import runner, tiny
 from gemma_workloads.config import (
-    EXIT_INVALID_INPUT, EXIT_OK, EXIT_PREEMPTED, LORA_METADATA, DatasetConfig, LoraMetadata, Progress, TrainConfig,
+    EXIT_INVALID_INPUT,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    LORA_METADATA,
+    DatasetConfig,
+    LoraMetadata,
+    Progress,
+    TrainConfig,
     TrainResult,
 )
 from gemma_workloads.data import Example, TextCodec, read_examples

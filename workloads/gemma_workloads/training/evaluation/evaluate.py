@@ -13,10 +13,10 @@ import jax
 from etils import epath
 from flax import nnx
 
-from gemma_workloads.training import batches as batching
-from gemma_workloads.training import lora, loss
 from gemma_workloads.config import MetricResult, TrainConfig, join
 from gemma_workloads.data import DataError, Example, TextCodec
+from gemma_workloads.training import batches as batching
+from gemma_workloads.training import lora, loss
 from gemma_workloads.training.evaluation import scores
 from gemma_workloads.training.evaluation.greedy import generate
 from gemma_workloads.training.evaluation.rows import EvalRow, eval_dataset, read_rows
