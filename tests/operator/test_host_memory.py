@@ -27,8 +27,8 @@ def paper_run(b=None):
     return b.tpu("v5p", "2x2x1").lora(rank=64, alpha=64).training(batchSize=8, microBatchSize=1)
 
 
-def plan(b, settings=OperatorSettings()):
-    return plan_finetune(b.name, "ns", b.spec, settings)
+def plan(b, settings=None):
+    return plan_finetune(b.name, "ns", b.spec, OperatorSettings() if settings is None else settings)
 
 
 def pods(workload):
