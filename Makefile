@@ -10,7 +10,7 @@ PIP_FILTER = 2>&1 | (grep -v "is ignored: it is neither a file nor a directory" 
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 
-.PHONY: demo test test-fast venv vllm-venv crds manifests images clean
+.PHONY: demo test test-fast lint venv vllm-venv crds manifests images clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -45,6 +45,11 @@ test: venv vllm-venv
 
 test-fast: venv
 	$(VENV)/bin/python -m pytest -q -m "not slow"
+
+# One formatter and linter, pinned in the `test` extra.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 crds: manifests
 

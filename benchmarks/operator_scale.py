@@ -70,7 +70,7 @@ class Timed(FaultyApiServer):
         super().__attrs_post_init__()
         self.created, self.creates = {}, collections.Counter()
 
-    async def _create(self, request):  # noqa: ANN001
+    async def _create(self, request):
         mine = (request.headers.get("User-Agent") or "").startswith(USER_AGENT)
         self.creates["all"] += mine
         try:

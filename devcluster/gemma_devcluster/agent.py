@@ -9,6 +9,7 @@ Deployments roll out and report ready replicas. Pods asking for TPUs stay Pendin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -43,9 +44,9 @@ def failure_action(policy: dict | None, pod: dict) -> tuple[str, int | None]:
                        if "terminated" in cs.get("state", {})), {})  # fmt: skip
     code = terminated.get("exitCode")
     for i, rule in enumerate((policy or {}).get("rules") or []):
-        if on := rule.get("onExitCodes"):
-            if code is not None and (code in on["values"]) == (on["operator"] == "In"):
-                return rule["action"], i
+        on = rule.get("onExitCodes")
+        if on and code is not None and (code in on["values"]) == (on["operator"] == "In"):
+            return rule["action"], i
         for pattern in rule.get("onPodConditions") or []:
             if any(c["type"] == pattern["type"] and c["status"] == pattern.get("status", "True")
                    for c in pod["status"].get("conditions") or []):  # fmt: skip
@@ -77,10 +78,8 @@ class NodeAgent:
                     await self.step()
                 except ApiError as e:
                     log.warning("node agent: %s", e)
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.interval)
-                except TimeoutError:
-                    pass
         finally:
             await self.shutdown()
 

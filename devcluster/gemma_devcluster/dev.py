@@ -118,7 +118,7 @@ def _base_answers(data: Path, fine_tune: dict) -> dict[str, str]:
     if not path.exists():
         return {}
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {q: p.get("base_answer") for (q, expected), p in zip(QUESTIONS, lines) if p.get("expected") == expected}
+    return {q: p.get("base_answer") for (q, expected), p in zip(QUESTIONS, lines, strict=False) if p.get("expected") == expected}
 
 
 def _ask_all(port: int, serve: dict, base: dict[str, str]) -> list[Answer]:

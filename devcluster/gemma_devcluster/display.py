@@ -3,6 +3,7 @@ kinds, one line per change, with a progress bar for training."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from dataclasses import dataclass, field
@@ -53,6 +54,6 @@ class Table:
         rows = []
         for name, seen in self.phases.items():
             ordered = sorted(seen.items(), key=lambda kv: kv[1])
-            for (phase, t0), (_, t1) in zip(ordered, ordered[1:]):
+            for (phase, t0), (_, t1) in itertools.pairwise(ordered):
                 rows.append((name, phase, t1 - t0))
         return rows

@@ -9,10 +9,7 @@ kubelet writes it: phase, conditions, container state, exit code and termination
 from __future__ import annotations
 
 import base64
-import os
-import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field

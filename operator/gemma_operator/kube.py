@@ -18,7 +18,6 @@ from gemma_operator import api
 from gemma_operator.clock import now, timestamp
 from gemma_operator.kinds import KINDS, KindInfo
 
-
 # Names the operator's requests in API server audit logs (and lets tests tell them from their own).
 USER_AGENT = "gemma-tpu-operator"
 UNREAD = object()  # `Kube.ensure`: what exists was not read yet

@@ -140,7 +140,7 @@ def standby_health(liveness: str) -> Iterator[None]:
     url = urllib.parse.urlsplit(liveness)
 
     class Healthy(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the http.server API)
+        def do_GET(self) -> None:  # the http.server API names it
             self.send_response(200 if self.path == url.path else 404)
             self.end_headers()
 

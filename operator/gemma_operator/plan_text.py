@@ -7,8 +7,8 @@ from typing import Any
 
 from gemma_operator import fit, host, rollout_gate
 from gemma_operator.children import merge, model_delivery, serving, training
-from gemma_operator.plan import evaluation as evaluation_plan
 from gemma_operator.plan import FineTunePlan, ServePlan
+from gemma_operator.plan import evaluation as evaluation_plan
 
 
 def _slice(p: FineTunePlan | ServePlan) -> dict[str, Any]:

@@ -64,7 +64,7 @@ class Controller:
                     await self._reconcile_finetune(namespace, name)
                 else:
                     await self._reconcile_serve(namespace, name)
-        except Exception as e:  # noqa: BLE001 (any failure: logged, counted and retried)
+        except Exception as e:  # any failure: logged, counted and retried
             if isinstance(e, ApiError) and e.status == 404 and await self._gone(kind, namespace, name):
                 return  # the resource was deleted while being reconciled: nothing left to do
             prometheus_metrics.RECONCILES.labels(kind, "error").inc()

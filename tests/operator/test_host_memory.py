@@ -27,8 +27,8 @@ def paper_run(b=None):
     return b.tpu("v5p", "2x2x1").lora(rank=64, alpha=64).training(batchSize=8, microBatchSize=1)
 
 
-def plan(b, settings=OperatorSettings()):
-    return plan_finetune(b.name, "ns", b.spec, settings)
+def plan(b, settings=None):
+    return plan_finetune(b.name, "ns", b.spec, OperatorSettings() if settings is None else settings)
 
 
 def pods(workload):
@@ -190,7 +190,7 @@ def test_the_merge_downloads_an_hf_base_onto_a_sized_disk_and_reads_gs_in_place(
     staging = next(m for m in c["volumeMounts"] if env["HF_HOME"].startswith(m["mountPath"] + "/"))
     volume = next(v for v in pod["volumes"] if v["name"] == staging["name"])
     claim = volume["ephemeral"]["volumeClaimTemplate"]["spec"]
-    assert RELEASE_BYTES < gib(claim["resources"]["requests"]["storage"]) * GIB
+    assert gib(claim["resources"]["requests"]["storage"]) * GIB > RELEASE_BYTES
     assert memory_backed_paths(pod) == []
     [pod] = pods(merge.job(plan(paper_run(finetune("gs"))), settings, None))
     assert "HF_HOME" not in str(pod["containers"][0]["env"]) and not any(v["name"] == "staging" for v in pod["volumes"])

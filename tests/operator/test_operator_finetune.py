@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 from gemma_operator.children import merge, training
-from gemma_workloads import tiny
-from gemma_workloads.config import MergeConfig
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
+from gemma_workloads import tiny
+from gemma_workloads.config import MergeConfig
 from tests.support.builders import finetune
 
 NS = "default"

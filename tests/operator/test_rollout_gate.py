@@ -98,7 +98,7 @@ def test_a_run_without_evaluation_is_blocked_by_a_gate():
     bare = {"run": "r2", "merged": "gs://out/runs/r2/merged"}
     sel = rollout_gate.select(gate(LOSS_BETTER), [bare], None, None)
     assert sel.action is Action.WAIT and sel.verdict.reason == "NotEvaluated"
-    assert "run r2 has no evaluation (set spec.evaluation on the GemmaFineTune)" == sel.verdict.message
+    assert sel.verdict.message == "run r2 has no evaluation (set spec.evaluation on the GemmaFineTune)"
 
 
 def test_every_condition_must_hold_and_the_first_failure_is_named():

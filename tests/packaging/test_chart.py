@@ -8,10 +8,10 @@ import tomllib
 import helm_python
 import pytest
 import yaml
+from scripts.manifests import ROOT
 
 from gemma_operator import api, crd
 from gemma_operator.settings import OperatorSettings
-from scripts.manifests import ROOT
 from tests.support.chart import CHART, NAMESPACE, objects, one
 from tests.support.validation import KUBE_VERSION, validate_builtin
 

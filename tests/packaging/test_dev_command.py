@@ -16,9 +16,9 @@ import textwrap
 import tomllib
 
 import pytest
+from scripts.manifests import ROOT
 
 from gemma_operator.cli import COMMANDS, main_exit
-from scripts.manifests import ROOT
 
 ENTRY_POINTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
 # Hides gemma_devcluster from imports, as in the operator image.

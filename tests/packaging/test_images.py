@@ -9,11 +9,11 @@ import tomllib
 
 import pytest
 import yaml
+from scripts.manifests import CHART, ROOT
 
 from gemma_operator.children import merge_objects, training_objects
 from gemma_operator.cli import build_parser, plan_documents
 from gemma_operator.settings import OperatorSettings
-from scripts.manifests import CHART, ROOT
 from tests.support.chart import objects, one
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -22,7 +22,7 @@ PYTHON = re.match(r">=(\d+\.\d+)", PYPROJECT["project"]["requires-python"]).grou
 
 def instructions(path) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(l for l in path.read_text().splitlines() if not l.lstrip().startswith("#")))
+    text = re.sub(r"\\\n", " ", "\n".join(row for row in path.read_text().splitlines() if not row.lstrip().startswith("#")))
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in text.splitlines() if line.strip()]
 
 

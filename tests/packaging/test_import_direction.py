@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from scripts.manifests import ROOT
 
 SOURCES = {"gemma_operator": ROOT / "operator", "gemma_workloads": ROOT / "workloads", "gemma_devcluster": ROOT / "devcluster"}

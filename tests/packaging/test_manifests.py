@@ -4,8 +4,8 @@ valid. `make manifests` regenerates; these tests fail when anything drifted."""
 from __future__ import annotations
 
 import yaml
-
 from scripts import manifests
+
 from tests.support.chart import objects
 from tests.support.validation import validate_builtin
 

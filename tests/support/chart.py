@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import yaml
+from scripts.manifests import CHART, NAMESPACE, render
 
 from gemma_devcluster.apiserver import Call
-from scripts.manifests import CHART, NAMESPACE, render
 
 __all__ = ["CHART", "NAMESPACE", "grants", "objects", "one", "role_grants"]
 

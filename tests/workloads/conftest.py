@@ -54,9 +54,9 @@ def lora_run(tiny_sharded, token_ids, tmp_path_factory):
     from flax import nnx
     from tunix.sft.checkpoint_manager import CheckpointManager
 
+    from gemma_workloads.config import LORA_METADATA, LoraConfig, LoraMetadata
     from gemma_workloads.training import lora
     from gemma_workloads.training import model_loader as model
-    from gemma_workloads.config import LORA_METADATA, LoraConfig, LoraMetadata
 
     config = LoraConfig(rank=4, alpha=8.0)
     m, _ = model.load_model(str(tiny_sharded.path))

@@ -61,7 +61,7 @@ def test_each_assistant_turn_is_trained_on_the_prompt_the_server_sends(tmp_path,
     examples = read_examples(DatasetConfig(path=path, format="chat"), codec).items
     turns = [i for i, m in enumerate(CONVERSATION) if m["role"] == "assistant"]
     assert len(examples) == len(turns) and {e.line for e in examples} == {1}
-    for example, i in zip(examples, turns):
+    for example, i in zip(examples, turns, strict=True):
         prompt = tokenizer.apply_chat_template(CONVERSATION[:i], add_generation_prompt=True, return_dict=True)
         prompt = prompt["input_ids"]
         answer = tokenizer.encode(CONVERSATION[i]["content"].strip(), add_special_tokens=False)

@@ -9,6 +9,7 @@ the operator imports it and never imports jax.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated, Literal
@@ -332,10 +333,8 @@ def write_termination_message(result: BaseModel, path: str = TERMINATION_LOG) ->
         overflow = len(text.encode()) - TERMINATION_LOG_LIMIT + 16
         result = result.model_copy(update={"error": result.error[: max(0, len(result.error) - overflow)] + "…"})
         text = result.model_dump_json(exclude_none=True)
-    try:
+    with contextlib.suppress(OSError):  # not in a pod (or no such path): the result is also logged by the caller
         Path(path).write_text(text)
-    except OSError:
-        pass  # not in a pod (or no such path): the result is also logged by the caller
 
 
 def join(base: str, *parts: str) -> str:

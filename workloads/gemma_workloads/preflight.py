@@ -20,8 +20,8 @@ from gemma_workloads import data, model_folder
 from gemma_workloads.config import LORA_METADATA, DatasetConfig, MergeConfig, TrainConfig
 from gemma_workloads.input_files import InputError
 from gemma_workloads.merging import checkpoint_reader as lora_checkpoint
-from gemma_workloads.training.evaluation import rows as eval_rows
 from gemma_workloads.sources import HF_PREFIX, SMALL_FILES, resolve_model
+from gemma_workloads.training.evaluation import rows as eval_rows
 
 
 def check_train(config: TrainConfig) -> None:

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None, *, termination_log: str = TERMINATION_LO
         return _fail(workload, str(e), EXIT_INVALID_INPUT, termination_log)
     except Failed as e:
         return _fail(workload, str(e), EXIT_FAILED, termination_log)
-    except Exception as e:  # noqa: BLE001 (any other failure is reported, then the pod fails)
+    except Exception as e:  # any other failure is reported, then the pod fails
         log.exception("%s failed", args.workload)
         return _fail(workload, f"{type(e).__name__}: {e}", EXIT_FAILED, termination_log)
     write_termination_message(result, termination_log)

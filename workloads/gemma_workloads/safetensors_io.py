@@ -8,6 +8,7 @@ offsets. So tensors without LoRA go through as raw bytes, with no parsing or dty
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import mmap
@@ -93,7 +94,7 @@ def read_header(path: str) -> list[TensorInfo]:
                                   f"the shard is truncated; {COPY_AGAIN}")
         tensors.append(TensorInfo(name, dtype, shape, path, data_start + start, end - start))
     tensors.sort(key=lambda t: t.offset)
-    for prev, cur in zip(tensors, tensors[1:]):
+    for prev, cur in itertools.pairwise(tensors):
         if cur.offset < prev.offset + prev.nbytes:
             raise CheckpointError(f"{path}: tensors {prev.name} and {cur.name} overlap")
     return tensors

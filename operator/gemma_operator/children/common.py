@@ -7,8 +7,7 @@ from typing import Any
 
 from gemma_operator import api
 from gemma_operator.host import STAGING_DIR, HostPlan
-from gemma_operator.mounts import SHM_DIR
-from gemma_operator.mounts import CONFIG_DIR
+from gemma_operator.mounts import CONFIG_DIR, SHM_DIR
 from gemma_operator.settings import OperatorSettings
 
 MANAGED_BY = "gemma-tpu-operator"

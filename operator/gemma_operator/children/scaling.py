@@ -19,7 +19,7 @@ def autoscaler(plan: ServePlan, owner: dict | None) -> dict[str, Any] | None:
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
-        "metadata": common.metadata(serving.name(plan), plan.namespace, serving._labels(plan), owner),
+        "metadata": common.metadata(serving.name(plan), plan.namespace, serving.resource_labels(plan), owner),
         "spec": {
             "scaleTargetRef": {"apiVersion": api_version, "kind": target, "name": serving.name(plan)},
             "minReplicas": a.min_replicas,
@@ -51,7 +51,7 @@ def _monitor(plan: ServePlan, owner: dict | None, api_version: str, kind: str, e
     return {
         "apiVersion": api_version,
         "kind": kind,
-        "metadata": common.metadata(serving.name(plan), plan.namespace, serving._labels(plan), owner),
+        "metadata": common.metadata(serving.name(plan), plan.namespace, serving.resource_labels(plan), owner),
         "spec": {
             "selector": {"matchLabels": serving.selector(plan)},
             endpoints: [{"port": "http", "path": "/metrics", "interval": "30s"}],

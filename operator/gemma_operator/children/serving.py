@@ -43,14 +43,15 @@ def name(plan: ServePlan) -> str:
     return common.child_name(plan.name, "vllm", reserve=LWS_RESERVE if plan.multi_host else 0)
 
 
-def _labels(plan: ServePlan) -> dict[str, str]:
+def resource_labels(plan: ServePlan) -> dict[str, str]:
+    """The labels of every object a GemmaServe owns."""
     return common.labels(api.SERVE, plan.name, "serving")
 
 
 def selector(plan: ServePlan) -> dict[str, str]:
     """The pods that answer requests: every Deployment pod, or the leaders of an LWS."""
     keep = ("app.kubernetes.io/instance", common.COMPONENT_LABEL, common.SERVE_LABEL)
-    out = {k: v for k, v in _labels(plan).items() if k in keep}
+    out = {k: v for k, v in resource_labels(plan).items() if k in keep}
     if plan.multi_host:
         out[ROLE_LABEL] = "leader"
     return out
@@ -96,8 +97,8 @@ def _probe(path: str, api_key: bool) -> dict[str, Any]:
     """An HTTP probe; with an API key vLLM answers /v1/* with 401, so the probe presents the key."""
     if not api_key or not path.startswith("/v1/"):
         return {"httpGet": {"path": path, "port": PORT}}
-    script = ("import os, urllib.request as r; r.urlopen(r.Request('http://127.0.0.1:%d%s', headers={'Authorization': "
-              "'Bearer ' + os.environ['%s']}), timeout=5)" % (PORT, path, API_KEY_ENV))  # fmt: skip
+    script = (f"import os, urllib.request as r; r.urlopen(r.Request('http://127.0.0.1:{PORT}{path}', headers={{'Authorization': "
+              f"'Bearer ' + os.environ['{API_KEY_ENV}']}}), timeout=5)")  # fmt: skip
     return {"exec": {"command": ["python3", "-c", script]}}
 
 
@@ -117,7 +118,7 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
     keyed = plan.spec.vllm.api_key_secret_ref is not None
     shm, shm_mount = common.shm_volume()
     store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
-    staging_volumes, staging_mounts = common.staging_volume(plan.staging, _labels(plan))
+    staging_volumes, staging_mounts = common.staging_volume(plan.staging, resource_labels(plan))
     env += model.env
     if plan.multi_host:
         env += common.env_list(MULTIHOST_ENV)
@@ -156,7 +157,7 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
                          "automountServiceAccountToken": False,  # vLLM needs no Kubernetes API
                          "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}},
                         plan.placement, plan.service_account)  # fmt: skip
-    labels = _labels(plan)
+    labels = resource_labels(plan)
     if plan.multi_host:
         labels[ROLE_LABEL] = role
     if plan.queue:
@@ -169,7 +170,7 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
 
 def workload(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict[str, Any]:
     """A Deployment (one host per replica) or a LeaderWorkerSet (a multi-host slice per replica)."""
-    meta = common.metadata(name(plan), plan.namespace, _labels(plan), owner)
+    meta = common.metadata(name(plan), plan.namespace, resource_labels(plan), owner)
     if plan.queue:
         meta["labels"][common.QUEUE_LABEL] = plan.queue
     r = plan.spec.rollout
@@ -217,7 +218,7 @@ def service(plan: ServePlan, owner: dict | None) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": common.metadata(name(plan), plan.namespace, _labels(plan), owner),
+        "metadata": common.metadata(name(plan), plan.namespace, resource_labels(plan), owner),
         "spec": {
             "type": "ClusterIP",
             "selector": selector(plan),

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from gemma_workloads import tiny
-from gemma_workloads.merging import lora_mapping
 from gemma_workloads.config import LoraConfig
+from gemma_workloads.merging import lora_mapping
 
 N, K, H, D, F, R = 4, 2, 8, 24, 40, 3  # heads, kv heads, head dim, embed, mlp, rank
 SCALE = 2.0

@@ -33,7 +33,7 @@ def tensors(path: Path) -> dict[str, np.ndarray]:
     out = {}
     for f in sorted(path.glob("*.safetensors")):
         with safe_open(f, "flax") as st:
-            out.update({k: np.asarray(st.get_tensor(k)) for k in st.keys()})
+            out.update({k: np.asarray(st.get_tensor(k)) for k in st.keys()})  # noqa: SIM118 (safe_open is not iterable)
     return out
 
 

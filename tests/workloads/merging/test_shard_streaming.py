@@ -2,9 +2,9 @@
 
 import json
 import os
+import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
-import struct
 
 import ml_dtypes
 import numpy as np

@@ -8,8 +8,8 @@ import time
 from flax import nnx
 from tunix.sft.checkpoint_manager import CheckpointManager
 
-from gemma_workloads.training import checkpoint_writer as checkpoints
 from gemma_workloads.config import TrainConfig
+from gemma_workloads.training import checkpoint_writer as checkpoints
 
 
 def test_saves_are_asynchronous_and_timed_to_their_commit(tmp_path):

@@ -170,7 +170,7 @@ def test_the_baseline_is_the_model_without_its_adapter(chat, tiny_sharded):
     assert set(figures) == {"evalLoss", "perplexity", "exactMatch", "contains"}, "no row has expected_regex"
     assert figures["perplexity"].value == pytest.approx(math.exp(figures["evalLoss"].value))
     after = jax.tree.map(np.asarray, lora.lora_state(model).to_pure_dict())
-    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(tuned_state))), \
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(tuned_state), strict=True)), \
         "the adapter is restored after the baseline"  # fmt: skip
 
     fresh = lora.apply_lora(load_model(str(tiny_sharded.path), mesh=mesh.make_mesh(None))[0], LoraConfig(rank=4))

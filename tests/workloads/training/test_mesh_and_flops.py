@@ -6,9 +6,9 @@ from flax import nnx
 from tunix.models.gemma4 import model as gemma4
 
 from gemma_workloads import tiny
+from gemma_workloads.config import MeshConfig
 from gemma_workloads.training import flops as metrics
 from gemma_workloads.training import model_loader as model
-from gemma_workloads.config import MeshConfig
 from gemma_workloads.training.mesh import default_shape, fit_to_mesh, fitted_spec, make_mesh
 
 

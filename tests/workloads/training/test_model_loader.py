@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from gemma_workloads import tiny
+from gemma_workloads.config import LoraConfig
 from gemma_workloads.training import lora
 from gemma_workloads.training import model_loader as model
-from gemma_workloads.config import LoraConfig
 
 
 def tunix_logits(m, ids: np.ndarray) -> np.ndarray:

@@ -19,7 +19,14 @@ from flax import nnx
 
 from gemma_workloads import runner, tiny
 from gemma_workloads.config import (
-    EXIT_INVALID_INPUT, EXIT_OK, EXIT_PREEMPTED, LORA_METADATA, DatasetConfig, LoraMetadata, Progress, TrainConfig,
+    EXIT_INVALID_INPUT,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    LORA_METADATA,
+    DatasetConfig,
+    LoraMetadata,
+    Progress,
+    TrainConfig,
     TrainResult,
 )
 from gemma_workloads.data import Example, TextCodec, read_examples
@@ -141,7 +148,7 @@ def test_prompt_tokens_do_not_count(tmp_path, tiny_sharded, tiny_on_one_device):
     def batch(questions: list[str]) -> dict:
         path = tmp_path / "q.jsonl"
         path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
-                                + "\n" for q, a in zip(questions, answers)))
+                                + "\n" for q, a in zip(questions, answers, strict=True)))
         rows = batches.layout(read_examples(DatasetConfig(path=str(path)), codec).items, 48, packing=False)
         return rows.take(np.arange(len(rows)))
 
@@ -174,7 +181,7 @@ def test_every_trained_token_of_an_accumulated_step_weighs_the_same():
     2-token answer as much as the 30-token one."""
     tokens = np.random.default_rng(0).integers(0, 64, size=(2, 32)).astype(np.int32)
     answers = [np.r_[np.zeros(30, bool), np.ones(2, bool)], np.r_[np.zeros(2, bool), np.ones(30, bool)]]
-    rows = batches.layout([Example(t, m) for t, m in zip(tokens, answers)], 32, packing=False)
+    rows = batches.layout([Example(t, m) for t, m in zip(tokens, answers, strict=True)], 32, packing=False)
     model = Bigram(64)
 
     @nnx.jit
@@ -184,11 +191,11 @@ def test_every_trained_token_of_an_accumulated_step_weighs_the_same():
     whole_loss, whole_grad = value_and_grad(model, batches.Batches(rows, 2, seed=0).next())
     accumulated = batches.Batches(rows, 1, seed=0, accumulation=2)
     micro = [accumulated.next() for _ in range(2)]
-    losses, grads = zip(*(value_and_grad(model, b) for b in micro))
+    losses, grads = zip(*(value_and_grad(model, b) for b in micro), strict=True)
     assert np.mean(losses) == pytest.approx(float(whole_loss), rel=1e-6)
     whole = whole_grad.logits[...]
     np.testing.assert_allclose(sum(g.logits[...] for g in grads) / 2, whole, rtol=1e-5, atol=1e-8)
-    own_means = sum(g.logits[...] * 32 / (2 * b["loss_mask"][:, 1:].sum()) for g, b in zip(grads, micro)) / 2
+    own_means = sum(g.logits[...] * 32 / (2 * b["loss_mask"][:, 1:].sum()) for g, b in zip(grads, micro, strict=True)) / 2
     assert np.abs(own_means - whole).max() > 0.1 * np.abs(whole).max(), "the test must be able to fail"
 
 
@@ -211,7 +218,7 @@ def test_remat_recomputes_each_decoder_layer_with_the_same_gradients(tmp_path, t
     set_remat(model, False)
     assert str(jax.make_jaxpr(grad())(model)).count("remat") == 0
     without = nnx.jit(grad())(model)
-    for a, b in zip(jax.tree.leaves(with_remat), jax.tree.leaves(without)):
+    for a, b in zip(jax.tree.leaves(with_remat), jax.tree.leaves(without), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)  # recomputed, so fused differently
 
 

@@ -62,7 +62,7 @@ def options(config: TrainConfig, total_steps: int, times: SaveTimes) -> ocp.Chec
 def time_saves(manager, times: SaveTimes) -> None:
     """Start the clock of `times` whenever Tunix's checkpoint manager starts a save (Tunix calls
     `save` after every step and lets its Orbax manager's policy decide)."""
-    save, orbax_manager = manager.save, manager._checkpoint_manager
+    save, orbax_manager = manager.save, manager._checkpoint_manager  # noqa: SLF001 (Tunix exposes no accessor)
 
     def timed(step: int, *args, force: bool = False, **kwargs):
         if force or orbax_manager.should_save(step):

@@ -71,7 +71,7 @@ def fitted_spec(shape: tuple[int, ...], spec: tuple, mesh_shape: dict[str, int])
         names = axis if isinstance(axis, tuple) else (axis,)
         return math.prod(mesh_shape.get(n, 1) for n in names)
 
-    return tuple(a if a is None or dim % size(a) == 0 else None for a, dim in zip(spec, shape))
+    return tuple(a if a is None or dim % size(a) == 0 else None for a, dim in zip(spec, shape, strict=False))  # a spec may be shorter than the rank
 
 
 def fit_to_mesh(module: nnx.Module, mesh: jax.sharding.Mesh, *, place: bool) -> list[str]:
@@ -93,7 +93,7 @@ def fit_to_mesh(module: nnx.Module, mesh: jax.sharding.Mesh, *, place: bool) -> 
         fitted = fitted_spec(var.shape, spec, dict(mesh.shape))
         if fitted != spec:
             name = "/".join(map(str, path))
-            axes = [f"{name} axis {i} ({var.shape[i]} over {a})" for i, (a, f) in enumerate(zip(spec, fitted)) if a != f]
+            axes = [f"{name} axis {i} ({var.shape[i]} over {a})" for i, (a, f) in enumerate(zip(spec, fitted, strict=True)) if a != f]
             for axis in axes:
                 log.info("replicated (does not divide the mesh): %s", axis)
             replicated += axes

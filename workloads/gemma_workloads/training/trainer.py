@@ -142,9 +142,9 @@ class Trainer(peft_trainer.PeftTrainer):
             before = [jax.tree.leaves(nnx.state(node, kind)) for node, kind in trained]
             loss, aux, grad_norm = step(model, optimizer, inputs)
             finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-            for (node, kind), old in zip(trained, before):
+            for (node, kind), old in zip(trained, before, strict=True):
                 leaves, tree = jax.tree.flatten(nnx.state(node, kind))
-                state = jax.tree.unflatten(tree, [jnp.where(finite, new, prev) for new, prev in zip(leaves, old)])
+                state = jax.tree.unflatten(tree, [jnp.where(finite, new, prev) for new, prev in zip(leaves, old, strict=True)])
                 nnx.update(node, jax.lax.with_sharding_constraint(state, nnx.get_named_sharding(state, device_mesh)))
             return loss, aux, grad_norm
 

@@ -13,10 +13,10 @@ import jax
 from etils import epath
 from flax import nnx
 
-from gemma_workloads.training import batches as batching
-from gemma_workloads.training import lora, loss
 from gemma_workloads.config import MetricResult, TrainConfig, join
 from gemma_workloads.data import DataError, Example, TextCodec
+from gemma_workloads.training import batches as batching
+from gemma_workloads.training import lora, loss
 from gemma_workloads.training.evaluation import scores
 from gemma_workloads.training.evaluation.greedy import generate
 from gemma_workloads.training.evaluation.rows import EvalRow, eval_dataset, read_rows
@@ -82,7 +82,7 @@ def score(model: nnx.Module, rows: list[EvalRow], config: TrainConfig, codec: Te
                                   batch_size=config.micro_batch_size) if prompts else [])  # fmt: skip
     answers = [codec.tokenizer.decode(next(generated), skip_special_tokens=True) if r.prompt is not None else None
                for r in rows]  # fmt: skip
-    hits = [scores.hits(a, r.expected, r.expected_regex) if a is not None else {} for r, a in zip(rows, answers)]
+    hits = [scores.hits(a, r.expected, r.expected_regex) if a is not None else {} for r, a in zip(rows, answers, strict=True)]
     return Scores(value, answers, hits)
 
 
