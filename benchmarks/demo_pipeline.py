@@ -26,8 +26,14 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        args = argparse.Namespace(workdir=tmp, examples=str(ROOT / "examples" / "quickstart"), vllm_python=opts.vllm_python,
-                                  port=0, timeout=900, keep_running=False)  # fmt: skip
+        args = argparse.Namespace(
+            workdir=tmp,
+            examples=str(ROOT / "examples" / "quickstart"),
+            vllm_python=opts.vllm_python,
+            port=0,
+            timeout=900,
+            keep_running=False,
+        )
         with contextlib.redirect_stdout(io.StringIO()):
             out = asyncio.run(dev.run(args, asyncio.Event()))
     print(f"{'resource':<34} {'phase':<16} {'seconds':>8}")

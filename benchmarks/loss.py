@@ -28,15 +28,20 @@ LOSSES = {"tunix default": peft_trainer._default_loss_fn, "token_weighted_nll": 
 
 def value_and_grad(loss_fn):
     """The loss and its gradient with respect to the logits, jitted: f(logits, tokens, mask)."""
+
     def run(logits, tokens, mask):
         inputs = (tokens, mask, jnp.zeros(tokens.shape, jnp.int32), jnp.ones((1, 1, 1), bool))
         return jax.value_and_grad(lambda x: loss_fn(lambda *_: (x, None), *inputs))(logits)
+
     return jax.jit(run)
 
 
 def scratch_mib(loss_fn, batch: int, seq: int, vocab: int) -> float:
-    shapes = [jax.ShapeDtypeStruct((batch, seq, vocab), jnp.float32), jax.ShapeDtypeStruct((batch, seq), jnp.int32),
-              jax.ShapeDtypeStruct((batch, seq), bool)]
+    shapes = [
+        jax.ShapeDtypeStruct((batch, seq, vocab), jnp.float32),
+        jax.ShapeDtypeStruct((batch, seq), jnp.int32),
+        jax.ShapeDtypeStruct((batch, seq), bool),
+    ]
     return value_and_grad(loss_fn).lower(*shapes).compile().memory_analysis().temp_size_in_bytes / 2**20
 
 
@@ -62,8 +67,10 @@ def main() -> None:
             seconds[name].append(time.perf_counter() - start)
     print(f"logits {args.batch} x {args.seq} x {args.vocab} float32, loss and gradient, median of {args.repeat}")
     for name in fns:
-        print(f"  {name:<20} loss {values[name]:.6f}  {1000 * np.median(seconds[name]):8.1f} ms  "
-              f"scratch {scratch_mib(LOSSES[name], args.batch, args.seq, args.vocab):8.0f} MiB")
+        print(
+            f"  {name:<20} loss {values[name]:.6f}  {1000 * np.median(seconds[name]):8.1f} ms  "
+            f"scratch {scratch_mib(LOSSES[name], args.batch, args.seq, args.vocab):8.0f} MiB"
+        )
     print("scratch at 1 x 3072 x 262144 (the 31B vocabulary, compiled only):")
     for name, fn in LOSSES.items():
         print(f"  {name:<20} {scratch_mib(fn, 1, 3072, 262144) / 1024:8.1f} GiB")
@@ -76,14 +83,18 @@ def main() -> None:
 
 def unembedding_scratch_mib(chunk: int | None, batch: int, seq: int, dim: int, vocab: int, dtype) -> float:
     """XLA's temporaries for the loss and its gradient with respect to the hidden states."""
+
     def nll(hidden, embedding, targets):
         if chunk:
             return cross_entropy.token_nll(hidden, embedding, targets, softcap=30.0, chunk_tokens=chunk).sum()
         logits = jnp.tanh(jnp.dot(hidden, embedding.T).astype(jnp.float32) / 30.0) * 30.0
         return (jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]).sum()
 
-    shapes = [jax.ShapeDtypeStruct((batch, seq, dim), dtype), jax.ShapeDtypeStruct((vocab, dim), dtype),
-              jax.ShapeDtypeStruct((batch, seq), jnp.int32)]
+    shapes = [
+        jax.ShapeDtypeStruct((batch, seq, dim), dtype),
+        jax.ShapeDtypeStruct((vocab, dim), dtype),
+        jax.ShapeDtypeStruct((batch, seq), jnp.int32),
+    ]
     compiled = jax.jit(jax.value_and_grad(nll)).lower(*shapes).compile()
     return compiled.memory_analysis().temp_size_in_bytes / 2**20
 

@@ -35,8 +35,15 @@ import numpy as np
 from gemma_workloads import tiny
 from gemma_workloads.config import MergeConfig
 
-GEMMA4_31B_WIDTHS = dict(hidden_size=5376, intermediate_size=21504, num_attention_heads=32, head_dim=256,
-                         num_key_value_heads=16, global_head_dim=512, num_global_key_value_heads=4)  # fmt: skip
+GEMMA4_31B_WIDTHS = dict(
+    hidden_size=5376,
+    intermediate_size=21504,
+    num_attention_heads=32,
+    head_dim=256,
+    num_key_value_heads=16,
+    global_head_dim=512,
+    num_global_key_value_heads=4,
+)
 RANK, ALPHA = 64, 64.0
 SHARD_BYTES = 2 * 10**9
 
@@ -54,7 +61,9 @@ def write_base(root: Path, config: tiny.TinyConfig) -> int:
     from safetensors.torch import save_file
 
     root.mkdir(parents=True)
-    pool = torch.from_numpy((0.02 * np.random.default_rng(0).standard_normal(1 << 25)).astype(ml_dtypes.bfloat16).view(np.uint16))
+    pool = torch.from_numpy(
+        (0.02 * np.random.default_rng(0).standard_normal(1 << 25)).astype(ml_dtypes.bfloat16).view(np.uint16)
+    )
     shapes = config.tensor_shapes(prefix="model.language_model.")
     groups, size = [[]], 0
     for name, shape in shapes.items():
@@ -70,11 +79,15 @@ def write_base(root: Path, config: tiny.TinyConfig) -> int:
         part = {}
         for n in names:
             count = int(np.prod(shapes[n]))
-            part[n] = pool.repeat((count + pool.numel() - 1) // pool.numel())[:count].view(torch.bfloat16).reshape(shapes[n])
+            part[n] = (
+                pool.repeat((count + pool.numel() - 1) // pool.numel())[:count].view(torch.bfloat16).reshape(shapes[n])
+            )
         save_file(part, root / fname, metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(names, fname))
         total += sum(2 * t.numel() for t in part.values())
-    (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    (root / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
     (root / "config.json").write_text(json.dumps(config.hf_config("bfloat16")))
     return sum(p.stat().st_size for p in root.glob("*.safetensors"))
 
@@ -104,8 +117,14 @@ def run_copy(base: Path, out: Path) -> None:
 def run_merge(base: Path, ckpt: Path, out: Path) -> None:
     from gemma_workloads.merging import merger as merge
 
-    config = MergeConfig(base_model_path=str(base), checkpoint_dir=str(ckpt), output_dir=str(out), dtype="bfloat16",
-                         workers=int(os.environ.get("MERGE_WORKERS", "2")), termination_log=os.devnull)  # fmt: skip
+    config = MergeConfig(
+        base_model_path=str(base),
+        checkpoint_dir=str(ckpt),
+        output_dir=str(out),
+        dtype="bfloat16",
+        workers=int(os.environ.get("MERGE_WORKERS", "2")),
+        termination_log=os.devnull,
+    )
     merge.merge(config)
 
 
@@ -130,7 +149,9 @@ def run_in_memory(base: Path, ckpt: Path, out: Path) -> None:
         state[keys[rel]] = (state[keys[rel]].float() + torch.from_numpy(full)).to(torch.bfloat16)
     out.mkdir()
     for fname in sorted(set(index["weight_map"].values())):
-        save_file({k: state[k] for k, f in index["weight_map"].items() if f == fname}, out / fname, metadata={"format": "pt"})
+        save_file(
+            {k: state[k] for k, f in index["weight_map"].items() if f == fname}, out / fname, metadata={"format": "pt"}
+        )
         fd = os.open(out / fname, os.O_RDONLY)
         os.fsync(fd)
         os.close(fd)
@@ -176,7 +197,9 @@ def main() -> None:
     try:
         largest = sum(int(np.prod(s)) * 2 for s in config_31b(max(args.layers), args.vocab).tensor_shapes().values())
         free = shutil.disk_usage(scratch).free
-        print(f"scratch {scratch}: {free / 1e9:.1f} GB free; the largest model is {largest / 1e9:.1f} GB, peak use about 2x that")
+        print(
+            f"scratch {scratch}: {free / 1e9:.1f} GB free; the largest model is {largest / 1e9:.1f} GB, peak use about 2x that"
+        )
         if free < 2.2 * largest:
             sys.exit("not enough free disk")
         rows = []
@@ -214,9 +237,11 @@ def _median(results: list[dict]) -> dict:
 def _row(row: dict, rows: list[dict]) -> str:
     copy = next(r for r in rows if r["layers"] == row["layers"] and r["kind"] == "copy")
     rate = row["bytes"] / row["seconds"] / 1e9
-    return (f"{row['layers']} layers {row['bytes'] / 1e9:5.2f} GB  {row['kind']:9s} {row['seconds']:6.1f} s "
-            f"{rate:5.2f} GB/s ({copy['seconds'] / row['seconds']:.2f}x copy)  CPU {row['cpu_seconds']:5.1f} s  "
-            f"peak RSS {row['peak_rss'] / 2**30:5.2f} GiB")  # fmt: skip
+    return (
+        f"{row['layers']} layers {row['bytes'] / 1e9:5.2f} GB  {row['kind']:9s} {row['seconds']:6.1f} s "
+        f"{rate:5.2f} GB/s ({copy['seconds'] / row['seconds']:.2f}x copy)  CPU {row['cpu_seconds']:5.1f} s  "
+        f"peak RSS {row['peak_rss'] / 2**30:5.2f} GiB"
+    )
 
 
 if __name__ == "__main__":

@@ -45,18 +45,27 @@ BENCH_AGENT = "operator-scale-benchmark"  # this script's own requests, told apa
 
 def fine_tune(name: str, namespace: str) -> dict:
     return {
-        "apiVersion": "gemma-tpu.dev/v1alpha1", "kind": "GemmaFineTune",
+        "apiVersion": "gemma-tpu.dev/v1alpha1",
+        "kind": "GemmaFineTune",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"model": {"uri": "gs://models/gemma-4-31B-it", "preset": "gemma4-31b"},
-                 "dataset": {"uri": "gs://data/train.jsonl", "maxSeqLen": 3072},
-                 "output": {"uri": f"gs://out/{name}"}, "training": {"steps": 1000},
-                 "lora": {"rank": 64, "alpha": 64}, "tpu": {"accelerator": "v5p", "topology": "2x2x1"}},
-    }  # fmt: skip
+        "spec": {
+            "model": {"uri": "gs://models/gemma-4-31B-it", "preset": "gemma4-31b"},
+            "dataset": {"uri": "gs://data/train.jsonl", "maxSeqLen": 3072},
+            "output": {"uri": f"gs://out/{name}"},
+            "training": {"steps": 1000},
+            "lora": {"rank": 64, "alpha": 64},
+            "tpu": {"accelerator": "v5p", "topology": "2x2x1"},
+        },
+    }
 
 
 def serve(name: str, namespace: str) -> dict:
-    return {"apiVersion": "gemma-tpu.dev/v1alpha1", "kind": "GemmaServe",
-            "metadata": {"name": name, "namespace": namespace}, "spec": {"model": {"uri": "gs://models/merged"}}}
+    return {
+        "apiVersion": "gemma-tpu.dev/v1alpha1",
+        "kind": "GemmaServe",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"model": {"uri": "gs://models/merged"}},
+    }
 
 
 class Timed(FaultyApiServer):
@@ -118,8 +127,10 @@ async def truthful(kube: Kube, crs: list[dict], limit: float) -> float | None:
     start = time.perf_counter()
     while time.perf_counter() - start < limit:
         lying = 0
-        for kind, done in (("GemmaFineTune", lambda st: (st.get("children") or {}).get("training")),
-                           ("GemmaServe", lambda st: st.get("phase") == "Deploying")):  # fmt: skip
+        for kind, done in (
+            ("GemmaFineTune", lambda st: (st.get("children") or {}).get("training")),
+            ("GemmaServe", lambda st: st.get("phase") == "Deploying"),
+        ):
             lying += sum(not done(o.get("status") or {}) for o in await kube.list(kind, "bench"))
         if not lying:
             return time.perf_counter() - start
@@ -130,21 +141,40 @@ async def truthful(kube: Kube, crs: list[dict], limit: float) -> float | None:
 async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) -> dict:
     url = str(api.url).rstrip("/")
     kubeconfig = workdir / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "bench",
-        "clusters": [{"name": "bench", "cluster": {"server": url}}],
-        "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}],
-        "users": [{"name": "bench", "user": {"token": "bench"}}],
-    }))  # fmt: skip
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "bench",
+                "clusters": [{"name": "bench", "cluster": {"server": url}}],
+                "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}],
+                "users": [{"name": "bench", "user": {"token": "bench"}}],
+            }
+        )
+    )
     settings = workdir / "settings.yaml"
     faulty = api.write_fault_rate > 0  # then the poller runs at its default period, as on a cluster
     settings.write_text(yaml.safe_dump({} if faulty else {"progress_poll_seconds": 3600}))  # events, not polling
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gemma_operator.cli", "operator", "--standalone", "--liveness", "",
-         "--metrics-port", "0", "--settings", str(settings)],
-        env=env, stdout=subprocess.DEVNULL, stderr=(workdir / "operator.log").open("w"),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gemma_operator.cli",
+            "operator",
+            "--standalone",
+            "--liveness",
+            "",
+            "--metrics-port",
+            "0",
+            "--settings",
+            str(settings),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(workdir / "operator.log").open("w"),
+    )
     peak = 0
     kube = Kube.from_url(url, user_agent=BENCH_AGENT)
     try:
@@ -185,9 +215,16 @@ async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) 
         if plural == "jobs":
             cr = name.rsplit("-train-", 1)[0]
             latencies.append(t - api.created[("gemmafinetunes", cr)])
-    return {"created_s": created, "total_s": total, "latencies": latencies, "rss_idle": baseline_rss, "rss_peak": peak,
-            "burst_409": share(burst, collections.Counter()), "steady_409": share(api.creates, burst),
-            "statuses_s": statuses}  # fmt: skip
+    return {
+        "created_s": created,
+        "total_s": total,
+        "latencies": latencies,
+        "rss_idle": baseline_rss,
+        "rss_peak": peak,
+        "burst_409": share(burst, collections.Counter()),
+        "steady_409": share(api.creates, burst),
+        "statuses_s": statuses,
+    }
 
 
 async def run_bare(api: Timed, count: int, concurrency: int) -> dict:
@@ -221,16 +258,26 @@ async def main(count: int, concurrency: int, fault_rate: float) -> None:
         bare = await run_bare(api, count, concurrency)
     lat = op["latencies"]
     print(f"GemmaFineTunes:                 {count} (created by {concurrency} concurrent clients)")
-    print(f"operator: all training Jobs in  {op['total_s']:.2f} s ({count / op['total_s']:.0f} CRs/s; CR creation took {op['created_s']:.2f} s)")
-    print(f"operator: create->Job latency   p50 {statistics.median(lat) * 1000:.0f} ms, p99 {percentile(lat, 0.99) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms")
-    print(f"operator: RSS                   {op['rss_idle'] / 2**20:.0f} MiB idle, {op['rss_peak'] / 2**20:.0f} MiB peak")
+    print(
+        f"operator: all training Jobs in  {op['total_s']:.2f} s ({count / op['total_s']:.0f} CRs/s; CR creation took {op['created_s']:.2f} s)"
+    )
+    print(
+        f"operator: create->Job latency   p50 {statistics.median(lat) * 1000:.0f} ms, p99 {percentile(lat, 0.99) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms"
+    )
+    print(
+        f"operator: RSS                   {op['rss_idle'] / 2**20:.0f} MiB idle, {op['rss_peak'] / 2**20:.0f} MiB peak"
+    )
     if fault_rate:
         truth = f"{op['statuses_s']:.1f} s later" if op["statuses_s"] is not None else "NOT within 120 s"
         injected = sum(api.injected.values())
-        print(f"faults injected:                {injected} ({fault_rate:.0%} of the operator's writes, watch drops, 410s)")
+        print(
+            f"faults injected:                {injected} ({fault_rate:.0%} of the operator's writes, watch drops, 410s)"
+        )
         print(f"operator: every status records its children {truth}")
-    print(f"operator: creates answered 409  {op['burst_409']} until every child exists, "
-          f"{op['steady_409']} in steady state")
+    print(
+        f"operator: creates answered 409  {op['burst_409']} until every child exists, "
+        f"{op['steady_409']} in steady state"
+    )
     print(f"bare client: same objects in    {bare['total_s']:.2f} s ({count / bare['total_s']:.0f} pairs/s)")
     print(f"ratio operator/bare (time):     {op['total_s'] / bare['total_s']:.2f}x")
 

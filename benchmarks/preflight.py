@@ -90,12 +90,18 @@ def main() -> None:
         size = write_sparse_model(model)
         write_tokenizer(model, VOCAB)
         dataset = tiny.write_dataset(root / "chat.jsonl", "chat", n=args.lines)
-        config = TrainConfig(model_path=str(model), dataset={"path": str(dataset)}, output_dir=str(root / "out"),
-                             termination_log=str(root / "termination-log"))  # fmt: skip
+        config = TrainConfig(
+            model_path=str(model),
+            dataset={"path": str(dataset)},
+            output_dir=str(root / "out"),
+            termination_log=str(root / "termination-log"),
+        )
         shards = len(list(model.glob("*.safetensors")))
-        print(f"31B-shaped folder: {shards} shards, {size / 1e9:.1f} GB of (sparse) weights; "
-              f"tokenizer.json {(model / 'tokenizer.json').stat().st_size / 1e6:.1f} MB; "
-              f"dataset {args.lines} lines, {dataset.stat().st_size / 1e6:.1f} MB")
+        print(
+            f"31B-shaped folder: {shards} shards, {size / 1e9:.1f} GB of (sparse) weights; "
+            f"tokenizer.json {(model / 'tokenizer.json').stat().st_size / 1e6:.1f} MB; "
+            f"dataset {args.lines} lines, {dataset.stat().st_size / 1e6:.1f} MB"
+        )
         path = epath.Path(model)
         timed("config.json", model_folder.check_config, path)
         timed("every shard's header + the index", open_checkpoint, str(model))
@@ -106,10 +112,15 @@ def main() -> None:
         sorted(model.glob("*.safetensors"))[shards // 2].write_text("version https://git-lfs.github.com/spec/v1\n")
         (root / "train.json").write_text(config.dumps())
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "gemma_workloads", "train", "--config", str(root / "train.json")],
-                              capture_output=True, text=True)  # fmt: skip
-        print(f"python -m gemma_workloads train, a Git LFS pointer: exit {done.returncode} after "
-              f"{time.perf_counter() - start:.2f} s: {done.stderr.strip()[:160]}")
+        done = subprocess.run(
+            [sys.executable, "-m", "gemma_workloads", "train", "--config", str(root / "train.json")],
+            capture_output=True,
+            text=True,
+        )
+        print(
+            f"python -m gemma_workloads train, a Git LFS pointer: exit {done.returncode} after "
+            f"{time.perf_counter() - start:.2f} s: {done.stderr.strip()[:160]}"
+        )
 
 
 if __name__ == "__main__":

@@ -74,7 +74,9 @@ def synthetic_rows(count: int, seq: int, vocab: int) -> batches.Rows:
     tokens = np.random.default_rng(0).integers(6, vocab, size=(count, seq), dtype=np.int32)
     mask = np.ones((count, seq), bool)
     mask[:, 0] = False
-    return batches.Rows(tokens, mask, np.ones((count, seq), np.int32), np.tile(np.arange(seq, dtype=np.int32), (count, 1)))
+    return batches.Rows(
+        tokens, mask, np.ones((count, seq), np.int32), np.tile(np.arange(seq, dtype=np.int32), (count, 1))
+    )
 
 
 @dataclass(frozen=True)
@@ -108,15 +110,25 @@ def matmul_ceiling(size: int, dtype: str, repeats: int = 10) -> float:
     return 2 * size**3 / statistics.median(times) / 1e12
 
 
-def hardware_flops_per_token(cfg: gemma4.ModelConfig, seq: int, lora_params: int, model_flops: float,
-                             attention: str, remat: str, loss_chunk: int | None) -> float:
+def hardware_flops_per_token(
+    cfg: gemma4.ModelConfig,
+    seq: int,
+    lora_params: int,
+    model_flops: float,
+    attention: str,
+    remat: str,
+    loss_chunk: int | None,
+) -> float:
     """Model FLOPs plus what the hardware does on top (see the module docstring)."""
     pattern = cfg.attention_pattern or gemma4.GEMMA4_ATTENTION_PATTERN
     kinds = [pattern[i % len(pattern)] for i in range(cfg.num_layers)]
-    heads_dims = [cfg.num_heads * (cfg.global_key_size if k == gemma4.AttentionType.GLOBAL else cfg.head_dim)
-                  for k in kinds]
-    model_attention = sum(4 * nh * metrics._attended(k, cfg.sliding_window_size, seq)  # noqa: SLF001
-                          for k, nh in zip(kinds, heads_dims))
+    heads_dims = [
+        cfg.num_heads * (cfg.global_key_size if k == gemma4.AttentionType.GLOBAL else cfg.head_dim) for k in kinds
+    ]
+    model_attention = sum(
+        4 * nh * metrics._attended(k, cfg.sliding_window_size, seq) for k, nh in zip(kinds, heads_dims, strict=True)
+    )
+
     # the reference and XLA paths compute every score, masked or not; so does cuDNN's fallback to
     # XLA for head dims above its limit (the 31B model's global layers) or outside bf16/fp16
     def every_score(kind: gemma4.AttentionType) -> bool:
@@ -125,10 +137,12 @@ def hardware_flops_per_token(cfg: gemma4.ModelConfig, seq: int, lora_params: int
             return attention_paths.dot_product_implementation("cudnn", head_dim, cfg.dtype) == "xla"
         return attention in ("reference", "xla")
 
-    attention_forward = sum(4 * nh * (seq if every_score(k) else metrics._attended(k, cfg.sliding_window_size, seq))  # noqa: SLF001
-                            for k, nh in zip(kinds, heads_dims))
+    attention_forward = sum(
+        4 * nh * (seq if every_score(k) else metrics._attended(k, cfg.sliding_window_size, seq))
+        for k, nh in zip(kinds, heads_dims, strict=True)
+    )
     extra = 3 * (attention_forward - model_attention)
-    layer_weights = sum(metrics._layer_weights(cfg, k) for k in kinds)  # noqa: SLF001
+    layer_weights = sum(metrics._layer_weights(cfg, k) for k in kinds)
     if remat == "full":  # every layer's forward again
         extra += 2 * layer_weights + 2 * lora_params + attention_forward
     elif remat in ("dots", "offload") and attention in ("reference", "xla"):  # their score products are not kept
@@ -148,12 +162,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps; the first (compilation) is not timed")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--attention", default="auto", choices=ATTENTION_PATHS,
-                        help="the fast path's attention (auto is the reference on a CPU: pass xla to time XLA's kernel)")
+    parser.add_argument(
+        "--attention",
+        default="auto",
+        choices=ATTENTION_PATHS,
+        help="the fast path's attention (auto is the reference on a CPU: pass xla to time XLA's kernel)",
+    )
     parser.add_argument("--loss-chunk", type=int, default=512, help="tokens per cross-entropy chunk; 0: whole logits")
     parser.add_argument("--remat", default="dots", choices=REMAT_POLICIES, help="the fast path's remat policy")
-    parser.add_argument("--no-baseline", action="store_true",
-                        help="skip the reference path (Tunix attention, whole logits, whole-layer remat)")
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the reference path (Tunix attention, whole logits, whole-layer remat)",
+    )
     parser.add_argument("--each", action="store_true", help="also measure each of the three levers alone")
     parser.add_argument("--ceiling-size", type=int, help="matmul size for the ceiling (default 8192; 4096 on CPU)")
     parser.add_argument("--peak-tflops", type=float, help="per device; default: by device kind (none for CPUs)")
@@ -163,8 +184,11 @@ def main() -> None:
     variants = [] if args.no_baseline else [Variant("reference", "reference", None, "full")]
     chunk = args.loss_chunk or None
     if args.each:  # one lever at a time, the others as in the reference
-        variants += [Variant("attention", args.attention, None, "full"), Variant("loss", "reference", chunk, "full"),
-                     Variant("remat", "reference", None, args.remat)]
+        variants += [
+            Variant("attention", args.attention, None, "full"),
+            Variant("loss", "reference", chunk, "full"),
+            Variant("remat", "reference", None, args.remat),
+        ]
     variants.append(Variant("fast", args.attention, chunk, args.remat))
     measured = []
     for variant in variants:
@@ -176,12 +200,21 @@ def main() -> None:
 
 def run(args: argparse.Namespace, cfg: gemma4.ModelConfig, variant: Variant, out: str) -> Measured:
     config = TrainConfig(
-        model_path="(random weights)", model_dtype=args.dtype,
+        model_path="(random weights)",
+        model_dtype=args.dtype,
         dataset=DatasetConfig(path="(random tokens)", max_seq_len=args.seq),
-        lora=LoraConfig(rank=args.rank, alpha=float(args.rank), dropout=0.05), steps=args.steps,
-        batch_size=args.micro_batch * args.accumulation, micro_batch_size=args.micro_batch, learning_rate=1e-4,
-        checkpoint_every=10**6, log_every=1, output_dir=out, peak_tflops_per_device=args.peak_tflops,
-        attention=variant.attention, loss_chunk_tokens=variant.loss_chunk, remat_policy=variant.remat,
+        lora=LoraConfig(rank=args.rank, alpha=float(args.rank), dropout=0.05),
+        steps=args.steps,
+        batch_size=args.micro_batch * args.accumulation,
+        micro_batch_size=args.micro_batch,
+        learning_rate=1e-4,
+        checkpoint_every=10**6,
+        log_every=1,
+        output_dir=out,
+        peak_tflops_per_device=args.peak_tflops,
+        attention=variant.attention,
+        loss_chunk_tokens=variant.loss_chunk,
+        remat_policy=variant.remat,
     )
     rows = synthetic_rows(config.batch_size * args.steps, args.seq, cfg.num_embed)
     data = train.Data(batches.Batches(rows, args.micro_batch, seed=0, accumulation=args.accumulation), [], args.steps)
@@ -191,38 +224,57 @@ def run(args: argparse.Namespace, cfg: gemma4.ModelConfig, variant: Variant, out
         lora_model, dropout = train.adapt(base, config, device_mesh)
         resolved = lora_model.layers[0].attn.attention_path
         trainer = train.make_trainer(lora_model, config, args.steps, device_mesh)
-        reporter = train.fit(trainer, data, config, cfg, preemption=preemption, dropout=dropout, device_mesh=device_mesh)
+        reporter = train.fit(
+            trainer, data, config, cfg, preemption=preemption, dropout=dropout, device_mesh=device_mesh
+        )
         lora_params = lora.lora_parameter_count(lora_model)
     timed = reporter.history[1:-1] or reporter.history[1:]  # per-step rates (the last line is the run's average)
     rate = statistics.median(p.tokens_per_second for p in timed)
-    hardware = hardware_flops_per_token(cfg, args.seq, lora_params, reporter.flops_per_token, resolved,
-                                        variant.remat, variant.loss_chunk)
+    hardware = hardware_flops_per_token(
+        cfg, args.seq, lora_params, reporter.flops_per_token, resolved, variant.remat, variant.loss_chunk
+    )
     return Measured(variant, resolved, config.batch_size * args.seq / rate, rate, reporter.flops_per_token, hardware)
 
 
-def report(args: argparse.Namespace, cfg: gemma4.ModelConfig, measured: list[Measured], ceiling: float, size: int) -> None:
+def report(
+    args: argparse.Namespace, cfg: gemma4.ModelConfig, measured: list[Measured], ceiling: float, size: int
+) -> None:
     device = jax.devices()[0]
     peak = args.peak_tflops or metrics.peak_tflops(device.device_kind)
-    print(f"model       {args.preset} x {cfg.num_layers} layers, {args.dtype}, LoRA rank {args.rank}, "
-          f"window {cfg.sliding_window_size}, vocab {cfg.num_embed}")
+    print(
+        f"model       {args.preset} x {cfg.num_layers} layers, {args.dtype}, LoRA rank {args.rank}, "
+        f"window {cfg.sliding_window_size}, vocab {cfg.num_embed}"
+    )
     print(f"devices     {jax.device_count()} x {device.device_kind}, jax {jax.__version__}")
-    print(f"batch       {args.micro_batch} x {args.seq} tokens x {args.accumulation} micro-batches, "
-          f"{args.steps} steps (first not timed)")
-    print(f"ceiling     {args.dtype} {size}^3 matmul: {ceiling:.2f} TFLOP/s per device"
-          + (f" ({100 * ceiling / peak:.1f} % of the {peak:g} TFLOP/s peak)" if peak else " (no peak known)"))
+    print(
+        f"batch       {args.micro_batch} x {args.seq} tokens x {args.accumulation} micro-batches, "
+        f"{args.steps} steps (first not timed)"
+    )
+    print(
+        f"ceiling     {args.dtype} {size}^3 matmul: {ceiling:.2f} TFLOP/s per device"
+        + (f" ({100 * ceiling / peak:.1f} % of the {peak:g} TFLOP/s peak)" if peak else " (no peak known)")
+    )
     print()
-    header = (f"{'path':10} {'attention':10} {'loss':>7} {'remat':7} {'step s':>8} {'tokens/s':>10} "
-              f"{'MFU':>7} {'HFU':>7} {'MFU/ceil':>9} {'HFU/ceil':>9} {'speed':>6}")
+    header = (
+        f"{'path':10} {'attention':10} {'loss':>7} {'remat':7} {'step s':>8} {'tokens/s':>10} "
+        f"{'MFU':>7} {'HFU':>7} {'MFU/ceil':>9} {'HFU/ceil':>9} {'speed':>6}"
+    )
     print(header)
     devices = jax.device_count()
     for m in measured:
         tflops = m.tokens_per_second / devices / 1e12
-        pct = (lambda flops: f"{100 * tflops * flops / peak:6.2f}%") if peak else (lambda flops: f"{'n/a':>7}")
+        pct = (
+            (lambda flops, tflops=tflops: f"{100 * tflops * flops / peak:6.2f}%")
+            if peak
+            else (lambda flops: f"{'n/a':>7}")
+        )
         v = m.variant
-        print(f"{v.name:10} {m.attention:10} {str(v.loss_chunk or 'whole'):>7} {v.remat:7} {m.step_seconds:8.3f} "
-              f"{m.tokens_per_second:10.1f} {pct(m.model_flops)} {pct(m.hardware_flops)} "
-              f"{100 * tflops * m.model_flops / ceiling:8.2f}% {100 * tflops * m.hardware_flops / ceiling:8.2f}% "
-              f"{m.tokens_per_second / measured[0].tokens_per_second:5.2f}x")
+        print(
+            f"{v.name:10} {m.attention:10} {str(v.loss_chunk or 'whole'):>7} {v.remat:7} {m.step_seconds:8.3f} "
+            f"{m.tokens_per_second:10.1f} {pct(m.model_flops)} {pct(m.hardware_flops)} "
+            f"{100 * tflops * m.model_flops / ceiling:8.2f}% {100 * tflops * m.hardware_flops / ceiling:8.2f}% "
+            f"{m.tokens_per_second / measured[0].tokens_per_second:5.2f}x"
+        )
     print(f"\nFLOPs/token model {measured[0].model_flops / 1e9:.3f} G; speed is tokens/s against the first row")
 
 

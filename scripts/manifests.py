@@ -55,7 +55,9 @@ def chart_inputs() -> dict[Path, str]:
         out[MANIFESTS / "crds" / crd.crd_filename(kind)] = text
         out[CHART / "files" / "crds" / crd.crd_filename(kind)] = text
     rules = {"namespaced": rbac.namespaced_rules(), "clusterScoped": rbac.KOPF_CLUSTER_RULES}
-    out[CHART / "files" / "rbac-rules.yaml"] = GENERATED.format(source="operator/gemma_operator/rbac.py") + dump_all([rules])
+    out[CHART / "files" / "rbac-rules.yaml"] = GENERATED.format(source="operator/gemma_operator/rbac.py") + dump_all(
+        [rules]
+    )
     schema_path = CHART / "values.schema.json"
     schema = json.loads(schema_path.read_text())
     schema["properties"]["settings"] = settings_schema()
@@ -74,8 +76,9 @@ def plain_manifests() -> dict[Path, str]:
     """manifests/: the chart rendered with PLAIN_VALUES, its namespace, and a kustomization."""
     header = GENERATED.format(source="charts/gemma-tpu-operator")
     out = {MANIFESTS / name: header + text.lstrip("\n") for name, text in render(PLAIN_VALUES).items()}
-    out[MANIFESTS / "namespace.yaml"] = header + dump_all([{"apiVersion": "v1", "kind": "Namespace",
-                                                           "metadata": {"name": NAMESPACE}}])  # fmt: skip
+    out[MANIFESTS / "namespace.yaml"] = header + dump_all(
+        [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
+    )
     crds = sorted(f"crds/{crd.crd_filename(k)}" for k in api.KINDS.values())
     resources = ["namespace.yaml", *crds, *sorted(p.name for p in out if p.name != "namespace.yaml")]
     kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": resources}

@@ -35,33 +35,54 @@ HASH_LABEL = "pod-template-hash"
 
 
 def _cond(obj: dict, type_: str) -> dict | None:
-    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == type_ and c.get("status") == "True"), None)
+    return next(
+        (
+            c
+            for c in (obj.get("status") or {}).get("conditions") or []
+            if c.get("type") == type_ and c.get("status") == "True"
+        ),
+        None,
+    )
 
 
 def failure_action(policy: dict | None, pod: dict) -> tuple[str, int | None]:
     """(action, rule index) of a Job's podFailurePolicy for a failed pod; ("Count", None) if none matches."""
-    terminated = next((cs["state"]["terminated"] for cs in pod["status"].get("containerStatuses") or []
-                       if "terminated" in cs.get("state", {})), {})  # fmt: skip
+    terminated = next(
+        (
+            cs["state"]["terminated"]
+            for cs in pod["status"].get("containerStatuses") or []
+            if "terminated" in cs.get("state", {})
+        ),
+        {},
+    )
     code = terminated.get("exitCode")
     for i, rule in enumerate((policy or {}).get("rules") or []):
         on = rule.get("onExitCodes")
         if on and code is not None and (code in on["values"]) == (on["operator"] == "In"):
             return rule["action"], i
         for pattern in rule.get("onPodConditions") or []:
-            if any(c["type"] == pattern["type"] and c["status"] == pattern.get("status", "True")
-                   for c in pod["status"].get("conditions") or []):  # fmt: skip
+            if any(
+                c["type"] == pattern["type"] and c["status"] == pattern.get("status", "True")
+                for c in pod["status"].get("conditions") or []
+            ):
                 return rule["action"], i
     return "Count", None
 
 
 def _failure_message(pod: dict, action: str, index: int) -> str:
     meta = pod["metadata"]
-    terminated = next((cs for cs in pod["status"].get("containerStatuses") or [] if "terminated" in cs.get("state", {})), None)
+    terminated = next(
+        (cs for cs in pod["status"].get("containerStatuses") or [] if "terminated" in cs.get("state", {})), None
+    )
     if terminated:
         code = terminated["state"]["terminated"]["exitCode"]
-        return (f"Container {terminated['name']} for pod {meta['namespace']}/{meta['name']} failed with exit code "
-                f"{code} matching {action} rule at index {index}")  # fmt: skip
-    return f"Pod {meta['namespace']}/{meta['name']} has condition DisruptionTarget matching {action} rule at index {index}"
+        return (
+            f"Container {terminated['name']} for pod {meta['namespace']}/{meta['name']} failed with exit code "
+            f"{code} matching {action} rule at index {index}"
+        )
+    return (
+        f"Pod {meta['namespace']}/{meta['name']} has condition DisruptionTarget matching {action} rule at index {index}"
+    )
 
 
 class NodeAgent:
@@ -131,8 +152,12 @@ class NodeAgent:
             return
         self.pods[(meta["namespace"], meta["name"])] = local
         if local.host_port:
-            await self.kube.patch("Pod", meta["namespace"], meta["name"], {"metadata": {"annotations": {
-                "gemma-tpu.dev/host-port": str(local.host_port)}}})  # fmt: skip
+            await self.kube.patch(
+                "Pod",
+                meta["namespace"],
+                meta["name"],
+                {"metadata": {"annotations": {"gemma-tpu.dev/host-port": str(local.host_port)}}},
+            )
         await self._set_status(pod, local.status())
 
     async def _tend(self, pod: dict, local: LocalPod) -> None:
@@ -155,8 +180,10 @@ class NodeAgent:
 
     async def _config(self, pod: dict) -> tuple[dict, dict]:
         ns = pod["metadata"]["namespace"]
-        return ({c["metadata"]["name"]: c for c in await self.kube.list("ConfigMap", ns)},
-                {s["metadata"]["name"]: s for s in await self.kube.list("Secret", ns)})  # fmt: skip
+        return (
+            {c["metadata"]["name"]: c for c in await self.kube.list("ConfigMap", ns)},
+            {s["metadata"]["name"]: s for s in await self.kube.list("Secret", ns)},
+        )
 
     async def _set_status(self, pod: dict, status: dict) -> None:
         key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
@@ -184,7 +211,9 @@ class NodeAgent:
         if spec.get("suspend"):
             for pod in active:
                 await self._delete_pod(pod)
-            status.update(active=0, ready=0, conditions=[{"type": "Suspended", "status": "True", "reason": "JobSuspended"}])
+            status.update(
+                active=0, ready=0, conditions=[{"type": "Suspended", "status": "True", "reason": "JobSuspended"}]
+            )
             status.pop("startTime")  # a resumed Job starts again
             await self._job_status(job, status)
             return
@@ -200,24 +229,47 @@ class NodeAgent:
         succeeded = sum((p.get("status") or {}).get("phase") == "Succeeded" for p in pods)
         t = timestamp(now())
         if succeeded:
-            status.update(completionTime=t, conditions=[
-                {"type": "SuccessCriteriaMet", "status": "True", "reason": "CompletionsReached", "lastTransitionTime": t},
-                {"type": "Complete", "status": "True", "reason": "CompletionsReached", "lastTransitionTime": t}])  # fmt: skip
+            status.update(
+                completionTime=t,
+                conditions=[
+                    {
+                        "type": "SuccessCriteriaMet",
+                        "status": "True",
+                        "reason": "CompletionsReached",
+                        "lastTransitionTime": t,
+                    },
+                    {"type": "Complete", "status": "True", "reason": "CompletionsReached", "lastTransitionTime": t},
+                ],
+            )
         elif verdict or counted > int(spec.get("backoffLimit", 6)):
             reason, message = verdict or ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
-            status["conditions"] = [{"type": "Failed", "status": "True", "reason": reason, "message": message, "lastTransitionTime": t}]
+            status["conditions"] = [
+                {"type": "Failed", "status": "True", "reason": reason, "message": message, "lastTransitionTime": t}
+            ]
         elif not active:
-            await self._create_pod(job, {label: meta["name"] for label in JOB_NAME_LABELS} |
-                                   {"batch.kubernetes.io/job-completion-index": "0"})  # fmt: skip
-        ready = sum(1 for p in active if any(c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or []))
-        status.update(active=len(active) if not status.get("conditions") else 0, ready=ready, succeeded=succeeded, failed=counted)
+            await self._create_pod(
+                job,
+                {label: meta["name"] for label in JOB_NAME_LABELS} | {"batch.kubernetes.io/job-completion-index": "0"},
+            )
+        ready = sum(
+            1
+            for p in active
+            if any(
+                c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or []
+            )
+        )
+        status.update(
+            active=len(active) if not status.get("conditions") else 0, ready=ready, succeeded=succeeded, failed=counted
+        )
         await self._job_status(job, status)
 
     async def _job_status(self, job: dict, status: dict) -> None:
         current = job.get("status") or {}
         if all(current.get(k) == v for k, v in status.items()):
             return
-        await self.kube.patch("Job", job["metadata"]["namespace"], job["metadata"]["name"], {"status": status}, status=True)
+        await self.kube.patch(
+            "Job", job["metadata"]["namespace"], job["metadata"]["name"], {"status": status}, status=True
+        )
 
     # ------------------------------------------------------------------ Deployment controller
 
@@ -239,7 +291,9 @@ class NodeAgent:
             await self._delete_pod(pod)
 
         def ready(p: dict) -> bool:
-            return any(c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or [])
+            return any(
+                c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or []
+            )
 
         ready_count = sum(ready(p) for p in live)
         updated_ready = sum(ready(p) for p in current)
@@ -248,16 +302,28 @@ class NodeAgent:
         if current and updated_ready >= replicas:
             progressing = {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}
         elif started and (now() - started).total_seconds() > deadline:
-            progressing = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
-                           "message": f'ReplicaSet "{meta["name"]}-{template_hash}" has timed out progressing.'}  # fmt: skip
+            progressing = {
+                "type": "Progressing",
+                "status": "False",
+                "reason": "ProgressDeadlineExceeded",
+                "message": f'ReplicaSet "{meta["name"]}-{template_hash}" has timed out progressing.',
+            }
         else:
             progressing = {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}
         status = {
-            "observedGeneration": meta.get("generation", 1), "replicas": len(live), "updatedReplicas": len(current),
-            "readyReplicas": ready_count, "availableReplicas": ready_count,
-            "conditions": [{"type": "Available", "status": str(ready_count >= max(1, replicas - unavailable) if replicas else True)},
-                           progressing],
-        }  # fmt: skip
+            "observedGeneration": meta.get("generation", 1),
+            "replicas": len(live),
+            "updatedReplicas": len(current),
+            "readyReplicas": ready_count,
+            "availableReplicas": ready_count,
+            "conditions": [
+                {
+                    "type": "Available",
+                    "status": str(ready_count >= max(1, replicas - unavailable) if replicas else True),
+                },
+                progressing,
+            ],
+        }
         if {k: (dep.get("status") or {}).get(k) for k in status} != status:
             await self.kube.patch("Deployment", meta["namespace"], meta["name"], {"status": status}, status=True)
 
@@ -266,17 +332,28 @@ class NodeAgent:
     async def _create_pod(self, owner: dict, extra_labels: dict[str, str]) -> None:
         meta, template = owner["metadata"], owner["spec"]["template"]
         pod_meta = template.get("metadata") or {}
-        await self.kube.create({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {
-                "name": f"{meta['name'][:52]}-{secrets.token_hex(3)[:5]}", "namespace": meta["namespace"],
-                "labels": {**(pod_meta.get("labels") or {}), **extra_labels},
-                "annotations": dict(pod_meta.get("annotations") or {}),
-                "ownerReferences": [{"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"],
-                                     "uid": meta["uid"], "controller": True}],
-            },
-            "spec": template["spec"],
-        })  # fmt: skip
+        await self.kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{meta['name'][:52]}-{secrets.token_hex(3)[:5]}",
+                    "namespace": meta["namespace"],
+                    "labels": {**(pod_meta.get("labels") or {}), **extra_labels},
+                    "annotations": dict(pod_meta.get("annotations") or {}),
+                    "ownerReferences": [
+                        {
+                            "apiVersion": owner["apiVersion"],
+                            "kind": owner["kind"],
+                            "name": meta["name"],
+                            "uid": meta["uid"],
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": template["spec"],
+            }
+        )
 
     async def _delete_pod(self, pod: dict) -> None:
         meta = pod["metadata"]

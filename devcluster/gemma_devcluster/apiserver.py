@@ -51,31 +51,63 @@ _AGE = ("Age", "date", ".metadata.creationTimestamp")
 BUILTIN_COLUMNS = {
     kind: [{"name": n, "type": t, "jsonPath": p} for n, t, p in columns]
     for kind, columns in {
-        "Pod": [("Status", "string", ".status.phase"), ("Restarts", "integer", ".status.containerStatuses[0].restartCount"),
-                _AGE],
-        "Job": [("Active", "integer", ".status.active"), ("Succeeded", "integer", ".status.succeeded"),
-                ("Failed", "integer", ".status.failed"), _AGE],
-        "Deployment": [("Ready", "integer", ".status.readyReplicas"), ("Up-to-date", "integer", ".status.updatedReplicas"),
-                       ("Available", "integer", ".status.availableReplicas"), _AGE],
+        "Pod": [
+            ("Status", "string", ".status.phase"),
+            ("Restarts", "integer", ".status.containerStatuses[0].restartCount"),
+            _AGE,
+        ],
+        "Job": [
+            ("Active", "integer", ".status.active"),
+            ("Succeeded", "integer", ".status.succeeded"),
+            ("Failed", "integer", ".status.failed"),
+            _AGE,
+        ],
+        "Deployment": [
+            ("Ready", "integer", ".status.readyReplicas"),
+            ("Up-to-date", "integer", ".status.updatedReplicas"),
+            ("Available", "integer", ".status.availableReplicas"),
+            _AGE,
+        ],
         "Service": [("Type", "string", ".spec.type"), ("Cluster-IP", "string", ".spec.clusterIP"), _AGE],
-        "Event": [("Type", "string", ".type"), ("Reason", "string", ".reason"), ("Object", "string", ".involvedObject.name"),
-                  ("Message", "string", ".message")],
+        "Event": [
+            ("Type", "string", ".type"),
+            ("Reason", "string", ".reason"),
+            ("Object", "string", ".involvedObject.name"),
+            ("Message", "string", ".message"),
+        ],
     }.items()
-}  # fmt: skip
+}
 
 # The watch event of a resourceVersion too old to resume from: the client lists again.
-EXPIRED = {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410,
-                                      "reason": "Expired", "message": "too old resource version"}}  # fmt: skip
+EXPIRED = {
+    "type": "ERROR",
+    "object": {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": 410,
+        "reason": "Expired",
+        "message": "too old resource version",
+    },
+}
 
 
 def write_kubeconfig(path: Path, url: str) -> Path:
     """A kubeconfig for this API at `url` (kubectl, clients, an operator process), namespace default."""
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "gemma-dev",
-        "clusters": [{"name": "gemma-dev", "cluster": {"server": url.rstrip("/")}}],
-        "contexts": [{"name": "gemma-dev", "context": {"cluster": "gemma-dev", "user": "dev", "namespace": "default"}}],
-        "users": [{"name": "dev", "user": {"token": "dev"}}],
-    }))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "gemma-dev",
+                "clusters": [{"name": "gemma-dev", "cluster": {"server": url.rstrip("/")}}],
+                "contexts": [
+                    {"name": "gemma-dev", "context": {"cluster": "gemma-dev", "user": "dev", "namespace": "default"}}
+                ],
+                "users": [{"name": "dev", "user": {"token": "dev"}}],
+            }
+        )
+    )
     return path
 
 
@@ -114,16 +146,24 @@ class ApiServer(kmock.KubernetesScaffold):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self._verbs = {
-            kmock.action.LIST: self._list, kmock.action.WATCH: self._watch, kmock.action.FETCH: self._fetch,
-            kmock.action.CREATE: self._create, kmock.action.UPDATE: self._patch, kmock.action.DELETE: self._delete,
-        }  # fmt: skip
+            kmock.action.LIST: self._list,
+            kmock.action.WATCH: self._watch,
+            kmock.action.FETCH: self._fetch,
+            kmock.action.CREATE: self._create,
+            kmock.action.UPDATE: self._patch,
+            kmock.action.DELETE: self._delete,
+        }
 
     async def _handle(self, request: kmock.Request) -> Any:
         """Resource requests go straight to the store; kmock's general-purpose matching of
         reactions (about 16 ms a request) serves discovery only. kmock also keeps every request
         it served: keep the last few, or a long-running cluster grows without bound."""
         del self._requests[:-1000]
-        handler = self._verbs.get(request.action) if request.resource is not None and request.resource in self._kinds else None
+        handler = (
+            self._verbs.get(request.action)
+            if request.resource is not None and request.resource in self._kinds
+            else None
+        )
         if handler is None and request.url.path.startswith(OPENAPI_V3):
             return await kmock.Response(payload=self._openapi(request.url.path.removeprefix(OPENAPI_V3)))(request)
         if handler is None:
@@ -136,17 +176,30 @@ class ApiServer(kmock.KubernetesScaffold):
 
     # ------------------------------------------------------------------ registry
 
-    def register(self, group_version: str, plural: str, kind: str, *, namespaced: bool = True,
-                 subresources: set[str] = frozenset(), schema: dict | None = None,
-                 short_names: set[str] = frozenset(), categories: set[str] = frozenset(),
-                 columns: list[dict] | None = None) -> None:  # fmt: skip
+    def register(
+        self,
+        group_version: str,
+        plural: str,
+        kind: str,
+        *,
+        namespaced: bool = True,
+        subresources: set[str] = frozenset(),
+        schema: dict | None = None,
+        short_names: set[str] = frozenset(),
+        categories: set[str] = frozenset(),
+        columns: list[dict] | None = None,
+    ) -> None:
         group, _, version = group_version.rpartition("/")
         res = kmock.resource(group, version, plural)
         self.resources[res] = kmock.ResourceInfo(
-            kind=kind, namespaced=namespaced, singular=kind.lower(), subresources=set(subresources),
-            verbs={"get", "list", "watch", "create", "patch", "delete"}, shortnames=set(short_names),
+            kind=kind,
+            namespaced=namespaced,
+            singular=kind.lower(),
+            subresources=set(subresources),
+            verbs={"get", "list", "watch", "create", "patch", "delete"},
+            shortnames=set(short_names),
             categories=set(categories),
-        )  # fmt: skip
+        )
         self._kinds[res] = Kind(res, kind, namespaced, set(subresources), schema, list(columns or []))
 
     def unregister(self, group_version: str, plural: str) -> None:
@@ -158,8 +211,11 @@ class ApiServer(kmock.KubernetesScaffold):
 
     def _openapi(self, group_version: str) -> dict[str, Any]:
         """The OpenAPI v3 document of a group-version, from the schemas its kinds were registered with."""
-        schemas = {f"{k.resource.group}.{k.resource.version}.{k.kind}": k.schema for k in self._kinds.values()
-                   if k.schema and f"{k.resource.group}/{k.resource.version}" == group_version}  # fmt: skip
+        schemas = {
+            f"{k.resource.group}.{k.resource.version}.{k.kind}": k.schema
+            for k in self._kinds.values()
+            if k.schema and f"{k.resource.group}/{k.resource.version}" == group_version
+        }
         if not schemas:
             raise error(404, "NotFound", f"no OpenAPI v3 document for {group_version}")
         return {"openapi": "3.0.0", "components": {"schemas": schemas}}
@@ -168,11 +224,16 @@ class ApiServer(kmock.KubernetesScaffold):
         spec = definition["spec"]
         version = spec["versions"][0]
         self.register(
-            f"{spec['group']}/{version['name']}", spec["names"]["plural"], spec["names"]["kind"],
-            namespaced=spec["scope"] == "Namespaced", subresources=set(version.get("subresources", {})),
-            schema=version["schema"]["openAPIV3Schema"], short_names=set(spec["names"].get("shortNames", [])),
-            categories=set(spec["names"].get("categories", [])), columns=version.get("additionalPrinterColumns"),
-        )  # fmt: skip
+            f"{spec['group']}/{version['name']}",
+            spec["names"]["plural"],
+            spec["names"]["kind"],
+            namespaced=spec["scope"] == "Namespaced",
+            subresources=set(version.get("subresources", {})),
+            schema=version["schema"]["openAPIV3Schema"],
+            short_names=set(spec["names"].get("shortNames", [])),
+            categories=set(spec["names"].get("categories", [])),
+            columns=version.get("additionalPrinterColumns"),
+        )
 
     def register_defaults(self) -> None:
         """Built-in kinds the operator touches, the JobSet/LWS/monitoring kinds, and our CRDs."""
@@ -194,11 +255,25 @@ class ApiServer(kmock.KubernetesScaffold):
             ("monitoring.coreos.com/v1", "podmonitors", "PodMonitor", set(), {"pmon"}),
             ("monitoring.googleapis.com/v1", "podmonitorings", "PodMonitoring", {"status"}, set()),
             ("monitoring.coreos.com/v1", "servicemonitors", "ServiceMonitor", set(), {"smon"}),
-            ("apiextensions.k8s.io/v1", "customresourcedefinitions", "CustomResourceDefinition", {"status"}, {"crd", "crds"}),
+            (
+                "apiextensions.k8s.io/v1",
+                "customresourcedefinitions",
+                "CustomResourceDefinition",
+                {"status"},
+                {"crd", "crds"},
+            ),
         ]:
             cluster_scoped = plural in ("namespaces", "customresourcedefinitions")
-            self.register(gv, plural, kind, namespaced=not cluster_scoped, subresources=subs, short_names=short,
-                          categories={"all"} if plural in IN_CATEGORY_ALL else set(), columns=BUILTIN_COLUMNS.get(kind))  # fmt: skip
+            self.register(
+                gv,
+                plural,
+                kind,
+                namespaced=not cluster_scoped,
+                subresources=subs,
+                short_names=short,
+                categories={"all"} if plural in IN_CATEGORY_ALL else set(),
+                columns=BUILTIN_COLUMNS.get(kind),
+            )
         for definition in crd.all_crds():
             self.register_crd(definition)
 
@@ -210,7 +285,9 @@ class ApiServer(kmock.KubernetesScaffold):
         payload["groupVersion"] = f"{res.group}/{res.version}" if res.group else res.version
         for entry in payload["resources"]:
             if "/" in entry["name"]:
-                entry.update(shortNames=[], categories=[], verbs=SUBRESOURCE_VERBS.get(entry["name"].split("/")[1], ["get"]))
+                entry.update(
+                    shortNames=[], categories=[], verbs=SUBRESOURCE_VERBS.get(entry["name"].split("/")[1], ["get"])
+                )
         return payload
 
     def _kind(self, res: kmock.resource | None) -> Kind:
@@ -261,12 +338,20 @@ class ApiServer(kmock.KubernetesScaffold):
         kind = self._kind(request.resource)
         self._record("list", request)
         async with self._lock:
-            items = [copy.deepcopy(o) for (r, _, _), o in self.objects.items() if r == kind.resource and self._matches(request, o)]
+            items = [
+                copy.deepcopy(o)
+                for (r, _, _), o in self.objects.items()
+                if r == kind.resource and self._matches(request, o)
+            ]
             rv = str(self._rv)
         if "as=Table" in (request.headers.get("Accept") or ""):
             return kind.table(items, rv)
-        return {"apiVersion": request.resource.group and f"{request.resource.group}/{request.resource.version}" or "v1",
-                "kind": f"{kind.kind}List", "metadata": {"resourceVersion": rv}, "items": items}  # fmt: skip
+        return {
+            "apiVersion": request.resource.group and f"{request.resource.group}/{request.resource.version}" or "v1",
+            "kind": f"{kind.kind}List",
+            "metadata": {"resourceVersion": rv},
+            "items": items,
+        }
 
     async def _watch(self, request: kmock.Request) -> AsyncIterator[Any]:
         kind = self._kind(request.resource)
@@ -276,15 +361,21 @@ class ApiServer(kmock.KubernetesScaffold):
         since = request.params.get("resourceVersion")
         async with self._lock:  # the snapshot and the subscription are one step: nothing is lost
             if since in (None, "", "0"):
-                initial = [{"type": "ADDED", "object": copy.deepcopy(o)}
-                           for (r, _, _), o in self.objects.items() if r == kind.resource and self._matches(request, o)]  # fmt: skip
+                initial = [
+                    {"type": "ADDED", "object": copy.deepcopy(o)}
+                    for (r, _, _), o in self.objects.items()
+                    if r == kind.resource and self._matches(request, o)
+                ]
             else:
                 oldest = self._history[0][0] if self._history else self._rv
                 if int(since) < oldest - 1 and len(self._history) == self._history.maxlen:
                     initial = [copy.deepcopy(EXPIRED)]
                 else:
-                    initial = [e for rv, r, e in self._history if rv > int(since) and r == kind.resource
-                               and self._matches(request, e["object"])]  # fmt: skip
+                    initial = [
+                        e
+                        for rv, r, e in self._history
+                        if rv > int(since) and r == kind.resource and self._matches(request, e["object"])
+                    ]
             self._watchers[kind.resource].add(queue)
         timeout = self._watch_timeout(request)
         loop = asyncio.get_running_loop()
@@ -320,7 +411,7 @@ class ApiServer(kmock.KubernetesScaffold):
                 text = self.pod_logs.get((request.namespace, request.name), "")
             tail = request.params.get("tailLines")
             if tail:
-                text = "\n".join(text.splitlines()[-int(tail):]) + ("\n" if text.endswith("\n") else "")
+                text = "\n".join(text.splitlines()[-int(tail) :]) + ("\n" if text.endswith("\n") else "")
             return kmock.Response(payload=text.encode(), headers={"Content-Type": "text/plain"})
         self._record("get", request)
         async with self._lock:
@@ -346,7 +437,9 @@ class ApiServer(kmock.KubernetesScaffold):
             key = (kind.resource, meta.get("namespace"), meta["name"])
             if key in self.objects:
                 raise error(409, "AlreadyExists", f'{kind.resource.plural} "{meta["name"]}" already exists')
-            meta.update(uid=str(uuid.uuid4()), creationTimestamp=timestamp(now()), generation=1, resourceVersion=self._next_rv())
+            meta.update(
+                uid=str(uuid.uuid4()), creationTimestamp=timestamp(now()), generation=1, resourceVersion=self._next_rv()
+            )
             obj["metadata"] = meta
             if kind.resource.group == "batch" and kind.kind == "Job":
                 default_job_selector(obj)
@@ -366,7 +459,12 @@ class ApiServer(kmock.KubernetesScaffold):
             try:
                 if ctype == "application/json-patch+json":
                     new = jsonpatch.apply_patch(copy.deepcopy(old), request.data)
-                elif ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json", "application/json", ""):
+                elif ctype in (
+                    "application/merge-patch+json",
+                    "application/strategic-merge-patch+json",
+                    "application/json",
+                    "",
+                ):
                     # Strategic merge is approximated as a merge patch: lists are replaced, not merged.
                     new = merge_patch(old, request.data)
                 else:
@@ -375,7 +473,11 @@ class ApiServer(kmock.KubernetesScaffold):
                 raise error(422, "Invalid", f"the patch test failed: {e}") from None
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
                 raise error(422, "Invalid", str(e)) from None
-            wanted_rv = ((request.data or {}).get("metadata") or {}).get("resourceVersion") if isinstance(request.data, dict) else None
+            wanted_rv = (
+                ((request.data or {}).get("metadata") or {}).get("resourceVersion")
+                if isinstance(request.data, dict)
+                else None
+            )
             if wanted_rv and wanted_rv != old["metadata"]["resourceVersion"]:
                 raise error(409, "Conflict", f"the object has been modified (resourceVersion {wanted_rv} is stale)")
             if "status" in kind.subresources:  # status and the rest change through separate endpoints

@@ -9,11 +9,14 @@ from gemma_devcluster import dev
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gemma-tpu dev", description=dev.__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="gemma-tpu dev", description=dev.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--workdir", default=".demo", help="where the model, data, runs and pod folders go")
     p.add_argument("--examples", default="examples/quickstart", help="the CRs to apply")
-    p.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="python of the environment with vLLM's CPU build")
+    p.add_argument(
+        "--vllm-python", default=".venv-vllm/bin/python", help="python of the environment with vLLM's CPU build"
+    )
     p.add_argument("--port", type=int, default=0, help="port of the local Kubernetes API (0: any free one)")
     p.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
     p.add_argument("--keep-running", action="store_true", help="keep the cluster up and print a kubeconfig")

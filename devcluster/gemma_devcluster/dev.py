@@ -93,8 +93,17 @@ def _make_data(data: Path) -> None:
     made = [data / "tiny-gemma4" / "config.json", data / DATASET, data / EVAL_SET]
     if all(f.exists() for f in made) and stamp.exists() and stamp.read_text() == " ".join(MODEL_ARGS):
         return
-    cmd = [sys.executable, "-m", "gemma_workloads.tiny", str(data / "tiny-gemma4"), "--dataset", str(data / DATASET),
-           "--eval-dataset", str(data / EVAL_SET), *MODEL_ARGS]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "gemma_workloads.tiny",
+        str(data / "tiny-gemma4"),
+        "--dataset",
+        str(data / DATASET),
+        "--eval-dataset",
+        str(data / EVAL_SET),
+        *MODEL_ARGS,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise DevError(f"making the tiny model failed:\n{done.stderr[-2000:]}")
@@ -104,8 +113,11 @@ def _make_data(data: Path) -> None:
 def _ask(port: int, model: str, question: str) -> str:
     """Greedy answer through the chat endpoint: the server applies the model's own chat template."""
     body = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 24, "temperature": 0}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=120) as resp:
         return json.loads(resp.read())["choices"][0]["message"]["content"]
 
@@ -118,7 +130,11 @@ def _base_answers(data: Path, fine_tune: dict) -> dict[str, str]:
     if not path.exists():
         return {}
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {q: p.get("base_answer") for (q, expected), p in zip(QUESTIONS, lines, strict=False) if p.get("expected") == expected}
+    return {
+        q: p.get("base_answer")
+        for (q, expected), p in zip(QUESTIONS, lines, strict=False)
+        if p.get("expected") == expected
+    }
 
 
 def _ask_all(port: int, serve: dict, base: dict[str, str]) -> list[Answer]:
@@ -129,11 +145,18 @@ def _ask_all(port: int, serve: dict, base: dict[str, str]) -> list[Answer]:
 
 def _print_answers(answers: list[Answer]) -> None:
     for a in answers:
-        base = " ".join((a.base or "").split())[:60] or ("(not evaluated)" if a.base is None else
-                                                         f"(no words: {len(a.base)} blank characters)" if a.base else
-                                                         "(no text: special tokens only)")  # fmt: skip
-        print(f"\n> {a.question}\n  base model   {base}\n  fine-tuned   {a.fine_tuned.strip()}"
-              f"{'' if a.correct else '   (expected: ' + a.expected + ')'}", flush=True)  # fmt: skip
+        base = " ".join((a.base or "").split())[:60] or (
+            "(not evaluated)"
+            if a.base is None
+            else f"(no words: {len(a.base)} blank characters)"
+            if a.base
+            else "(no text: special tokens only)"
+        )
+        print(
+            f"\n> {a.question}\n  base model   {base}\n  fine-tuned   {a.fine_tuned.strip()}"
+            f"{'' if a.correct else '   (expected: ' + a.expected + ')'}",
+            flush=True,
+        )
     print(f"\n{sum(a.correct for a in answers)}/{len(answers)} answers of the fine-tuned model are right", flush=True)
 
 
@@ -146,7 +169,9 @@ async def _serving_port(kube: Kube, serve: dict | None) -> int | None:
         return None
     selector = ",".join(f"{k}={v}" for k, v in svc["spec"]["selector"].items())
     for pod in await kube.list("Pod", svc["metadata"]["namespace"], selector):
-        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in (pod.get("status") or {}).get("conditions") or [])
+        ready = any(
+            c["type"] == "Ready" and c["status"] == "True" for c in (pod.get("status") or {}).get("conditions") or []
+        )
         if ready and HOST_PORT_ANNOTATION in (pod["metadata"].get("annotations") or {}):
             return int(pod["metadata"]["annotations"][HOST_PORT_ANNOTATION])
     return None
@@ -178,8 +203,10 @@ async def run(args: argparse.Namespace, stop: asyncio.Event, own_signals: bool =
 
     settings = OperatorSettings(progress_poll_seconds=1.0)
     # Each "image" is a virtual environment; absolute, as pods run in their own folders.
-    images = {settings.images.workloads: Path(sys.executable).parent.absolute(),
-              settings.images.serving_cpu: Path(args.vllm_python).parent.absolute()}  # fmt: skip
+    images = {
+        settings.images.workloads: Path(sys.executable).parent.absolute(),
+        settings.images.serving_cpu: Path(args.vllm_python).parent.absolute(),
+    }
     async with ApiServer() as apiserver, kmock.Server(apiserver, port=args.port or None) as server:
         apiserver.register_defaults()
         url = str(server.url).rstrip("/")
@@ -194,13 +221,17 @@ async def run(args: argparse.Namespace, stop: asyncio.Event, own_signals: bool =
             await asyncio.wait_for(ready.wait(), 30)
             table = Table()
             started = time.monotonic()
-            docs = [d for f in sorted(Path(args.examples).glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+            docs = [
+                d for f in sorted(Path(args.examples).glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d
+            ]
             for doc in docs:
                 await kube.create(doc)
             applied = ", ".join(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
             config = write_kubeconfig(workdir / "kubeconfig", url)
-            print(f"applied {applied} to the local cluster at {url}\n(kubectl works meanwhile: export KUBECONFIG={config})\n",
-                  flush=True)  # fmt: skip
+            print(
+                f"applied {applied} to the local cluster at {url}\n(kubectl works meanwhile: export KUBECONFIG={config})\n",
+                flush=True,
+            )
             table.header()
             out = await _follow(kube, apiserver, table, stop, args.timeout, out)
             out.total_seconds = time.monotonic() - started
@@ -209,8 +240,11 @@ async def run(args: argparse.Namespace, stop: asyncio.Event, own_signals: bool =
                 return out
             _summary(out, url)
             if args.keep_running and not stop.is_set():
-                print(f"\nthe cluster keeps running (Ctrl-C stops it):\n  export KUBECONFIG={config}\n  kubectl get gft,gsv"
-                      + (f"\n  curl {out.endpoint}/models" if out.endpoint else ""), flush=True)  # fmt: skip
+                print(
+                    f"\nthe cluster keeps running (Ctrl-C stops it):\n  export KUBECONFIG={config}\n  kubectl get gft,gsv"
+                    + (f"\n  curl {out.endpoint}/models" if out.endpoint else ""),
+                    flush=True,
+                )
                 await stop.wait()
         finally:
             stop.set()
@@ -219,7 +253,9 @@ async def run(args: argparse.Namespace, stop: asyncio.Event, own_signals: bool =
     return out
 
 
-async def _follow(kube: Kube, apiserver: ApiServer, table: Table, stop: asyncio.Event, timeout: float, out: Outcome) -> Outcome:
+async def _follow(
+    kube: Kube, apiserver: ApiServer, table: Table, stop: asyncio.Event, timeout: float, out: Outcome
+) -> Outcome:
     deadline = time.monotonic() + timeout
     while not stop.is_set():
         objs = await kube.list(api.FINETUNE.kind, None) + await kube.list(api.SERVE.kind, None)
@@ -232,8 +268,10 @@ async def _follow(kube: Kube, apiserver: ApiServer, table: Table, stop: asyncio.
             raise DevError(crash + _failure_details(apiserver, {"metadata": {"name": crash.split()[1]}}))
         for obj in objs:
             if (obj.get("status") or {}).get("phase") == "Failed":
-                raise DevError(f"{obj['kind']} {obj['metadata']['name']} failed: {obj['status'].get('message')}"
-                               + _failure_details(apiserver, obj))  # fmt: skip
+                raise DevError(
+                    f"{obj['kind']} {obj['metadata']['name']} failed: {obj['status'].get('message')}"
+                    + _failure_details(apiserver, obj)
+                )
         port = await _serving_port(kube, out.serve)
         if port:
             out.endpoint = f"http://127.0.0.1:{port}/v1"
@@ -245,9 +283,13 @@ async def _follow(kube: Kube, apiserver: ApiServer, table: Table, stop: asyncio.
             _print_answers(out.answers)
             return out
         if time.monotonic() > deadline:
-            raise DevError(f"not done after {timeout:.0f} s; last states: " + "; ".join(
-                f"{o['kind']}/{o['metadata']['name']} {(o.get('status') or {}).get('phase')}: {(o.get('status') or {}).get('message')}"
-                for o in objs))  # fmt: skip
+            raise DevError(
+                f"not done after {timeout:.0f} s; last states: "
+                + "; ".join(
+                    f"{o['kind']}/{o['metadata']['name']} {(o.get('status') or {}).get('phase')}: {(o.get('status') or {}).get('message')}"
+                    for o in objs
+                )
+            )
         await asyncio.sleep(0.5)
     return out
 
@@ -278,7 +320,9 @@ def _summary(out: Outcome, url: str) -> None:
         for m in figures:
             base = f"{m['baseline']:10.4g}" if m.get("baseline") is not None else ""
             print(f"  {m['name']:<12} {m['value']:10.4g} {base}")
-    gate = next((c for c in ((out.serve or {}).get("status") or {}).get("conditions") or [] if c["type"] == "GatePassed"), None)
+    gate = next(
+        (c for c in ((out.serve or {}).get("status") or {}).get("conditions") or [] if c["type"] == "GatePassed"), None
+    )
     if gate:
         print(f"rollout gate: {'passed' if gate['status'] == 'True' else 'blocked'}: {gate.get('message', '')}")
     print("\nartifacts:")

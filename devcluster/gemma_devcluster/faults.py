@@ -57,8 +57,9 @@ class FaultyApiServer(ApiServer):
         super().__attrs_post_init__()
         self._rng = random.Random(self.seed)
 
-    def inject(self, fault: str, verb: str | None = None, resource: str | None = None, name: str | None = None,
-               times: int = 1) -> None:  # fmt: skip
+    def inject(
+        self, fault: str, verb: str | None = None, resource: str | None = None, name: str | None = None, times: int = 1
+    ) -> None:
         assert fault in WRITE_FAULTS, f"unknown write fault {fault!r}: one of {WRITE_FAULTS}"
         self.rules.append(Rule(fault, verb, resource, name, times))
 
@@ -94,9 +95,15 @@ class FaultyApiServer(ApiServer):
         """The API server's throttling answers 429 with a Retry-After header (kubernetes
         k8s.io/apiserver pkg/server/filters maxinflight.go and priority-and-fairness.go, `tooManyRequests`)."""
         code, reason = (429, "TooManyRequests") if fault == THROTTLED else (500, "InternalError")
-        status = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": reason,
-                  "message": f"injected fault: {fault}",
-                  "details": {"retryAfterSeconds": self.retry_after}}  # fmt: skip
+        status = {
+            "apiVersion": "v1",
+            "kind": "Status",
+            "status": "Failure",
+            "code": code,
+            "reason": reason,
+            "message": f"injected fault: {fault}",
+            "details": {"retryAfterSeconds": self.retry_after},
+        }
         headers = {"Retry-After": str(self.retry_after)} if fault == THROTTLED else None
         return kmock.Response(status=code, payload=status, headers=headers)
 

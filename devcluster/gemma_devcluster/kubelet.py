@@ -73,12 +73,17 @@ class LocalPod:
         [container] = pod["spec"]["containers"]
         bin_dir = node.images.get(container["image"])
         if bin_dir is None:
-            raise PodStartError("ErrImagePull", f"image {container['image']!r} is not available on the local node "
-                                                f"(it has {sorted(node.images)})")  # fmt: skip
+            raise PodStartError(
+                "ErrImagePull",
+                f"image {container['image']!r} is not available on the local node (it has {sorted(node.images)})",
+            )
         workdir = node.workdir / "pods" / meta["namespace"] / meta["name"]
         try:
             mounts = volumes.materialize(pod, container, workdir, node.claims, config_maps, secrets)
-            env = {k: mounts.translate(v) for k, v in processes.resolve_env(container.get("env") or [], _secret_values(secrets)).items()}
+            env = {
+                k: mounts.translate(v)
+                for k, v in processes.resolve_env(container.get("env") or [], _secret_values(secrets)).items()
+            }
         except (volumes.VolumeError, KeyError) as e:
             raise PodStartError("CreateContainerConfigError", str(e).strip("'\"")) from None
         command = mounts.translate_all([*(container.get("command") or []), *(container.get("args") or [])])
@@ -90,8 +95,17 @@ class LocalPod:
             host_port = processes.free_port()
             command = [_swap_port(arg, port, host_port) for arg in command]
         group = processes.start(command, env, bin_dir=bin_dir, log_path=workdir / "log", cwd=workdir)
-        return cls(meta["namespace"], meta["name"], container, group, mounts, env, bin_dir, host_port,
-                   ready=not container.get("readinessProbe"))  # fmt: skip
+        return cls(
+            meta["namespace"],
+            meta["name"],
+            container,
+            group,
+            mounts,
+            env,
+            bin_dir,
+            host_port,
+            ready=not container.get("readinessProbe"),
+        )
 
     # ------------------------------------------------------------------ running
 
@@ -117,7 +131,12 @@ class LocalPod:
             command = self.mounts.translate_all(spec["exec"]["command"])
             env = {**self.env, "PATH": f"{self.bin_dir}:/usr/bin:/bin"}
             try:
-                return subprocess.run(command, env=env, capture_output=True, timeout=spec.get("timeoutSeconds", 1)).returncode == 0
+                return (
+                    subprocess.run(
+                        command, env=env, capture_output=True, timeout=spec.get("timeoutSeconds", 1)
+                    ).returncode
+                    == 0
+                )
             except subprocess.TimeoutExpired:
                 return False
         return None
@@ -143,8 +162,13 @@ class LocalPod:
         else:
             if self.finished is None:
                 reason = "Completed" if code == 0 else ("Error" if code < 128 else "Killed")
-                self.finished = {"exitCode": code, "reason": reason, "message": self.termination_message(code),
-                                 "startedAt": self.started_at, "finishedAt": timestamp(now())}  # fmt: skip
+                self.finished = {
+                    "exitCode": code,
+                    "reason": reason,
+                    "message": self.termination_message(code),
+                    "startedAt": self.started_at,
+                    "finishedAt": timestamp(now()),
+                }
             state = {"terminated": self.finished}
             phase = "Succeeded" if code == 0 else "Failed"
         ready = code is None and self.ready
@@ -152,7 +176,9 @@ class LocalPod:
         if self.restart_at is not None:  # crashed, waiting to run again in place
             phase = "Running"
             last = {"lastState": {"terminated": self.finished}}
-            state = {"waiting": {"reason": "CrashLoopBackOff", "message": f"back-off restarting failed container {name}"}}
+            state = {
+                "waiting": {"reason": "CrashLoopBackOff", "message": f"back-off restarting failed container {name}"}
+            }
         return {
             "phase": phase,
             "podIP": "127.0.0.1",
@@ -161,8 +187,16 @@ class LocalPod:
                 {"type": "Ready", "status": str(ready)},
                 {"type": "ContainersReady", "status": str(ready)},
             ],
-            "containerStatuses": [{"name": name, "ready": ready, "restartCount": self.restarts, "state": state,
-                                   "image": self.container["image"], **last}],  # fmt: skip
+            "containerStatuses": [
+                {
+                    "name": name,
+                    "ready": ready,
+                    "restartCount": self.restarts,
+                    "state": state,
+                    "image": self.container["image"],
+                    **last,
+                }
+            ],
         }
 
 
@@ -171,19 +205,36 @@ def _swap_port(arg: str, port: int, host_port: int) -> str:
 
 
 def _secret_values(secrets: dict[str, dict]) -> dict[tuple[str, str], str]:
-    return {(name, key): base64.b64decode(value).decode() for name, s in secrets.items() for key, value in (s.get("data") or {}).items()}
+    return {
+        (name, key): base64.b64decode(value).decode()
+        for name, s in secrets.items()
+        for key, value in (s.get("data") or {}).items()
+    }
 
 
 def waiting_status(container: str, reason: str, message: str, scheduled: bool = True) -> dict[str, Any]:
     """A pod that cannot run: Pending, with the reason Kubernetes would give."""
-    conditions = [{"type": "PodScheduled", "status": "True" if scheduled else "False",
-                   **({} if scheduled else {"reason": "Unschedulable", "message": message})}]  # fmt: skip
+    conditions = [
+        {
+            "type": "PodScheduled",
+            "status": "True" if scheduled else "False",
+            **({} if scheduled else {"reason": "Unschedulable", "message": message}),
+        }
+    ]
     return {
         "phase": "Pending",
         "conditions": conditions,
-        "containerStatuses": [{"name": container, "ready": False, "restartCount": 0,
-                               "state": {"waiting": {"reason": reason, "message": message}}}] if scheduled else [],
-    }  # fmt: skip
+        "containerStatuses": [
+            {
+                "name": container,
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": reason, "message": message}},
+            }
+        ]
+        if scheduled
+        else [],
+    }
 
 
 def log_text(pod: LocalPod, lines: int = 500) -> str:

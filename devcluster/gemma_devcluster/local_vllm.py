@@ -70,7 +70,9 @@ class VllmProcess(ProcessGroup):
         raise RuntimeError(f"vLLM not ready after {timeout:.0f} s:\n{self.log_tail()}")
 
 
-def start(command: list[str], args: list[str], env: Mapping[str, str], *, port: int, bin_dir: Path, log_path: Path) -> VllmProcess:
+def start(
+    command: list[str], args: list[str], env: Mapping[str, str], *, port: int, bin_dir: Path, log_path: Path
+) -> VllmProcess:
     """Start the container command; `bin_dir` plays the image (see processes.start)."""
     group = processes.start([*command, *args], env, bin_dir=bin_dir, log_path=log_path)
     return VllmProcess(group.proc, group.log_path, group.started, f"http://127.0.0.1:{port}")

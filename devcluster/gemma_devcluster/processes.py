@@ -86,12 +86,16 @@ class ProcessGroup:
         self.proc.wait(timeout=5)
 
 
-def start(command: list[str], env: Mapping[str, str], *, bin_dir: Path, log_path: Path, cwd: Path | None = None) -> ProcessGroup:
+def start(
+    command: list[str], env: Mapping[str, str], *, bin_dir: Path, log_path: Path, cwd: Path | None = None
+) -> ProcessGroup:
     """Start `command` in its own session with `bin_dir` first on PATH and only `env` (+ home, tmp)."""
     inherited = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
     full_env = {**inherited, **env, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}"}
     started = time.monotonic()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(command, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd)
+        proc = subprocess.Popen(
+            command, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd
+        )
     return ProcessGroup(proc, log_path, started)

@@ -139,8 +139,12 @@ def default_job_selector(job: dict[str, Any]) -> None:
     meta, spec = job["metadata"], job.setdefault("spec", {})
     if spec.get("manualSelector"):
         return
-    labels = {"batch.kubernetes.io/controller-uid": meta["uid"], "controller-uid": meta["uid"],
-              "batch.kubernetes.io/job-name": meta["name"], "job-name": meta["name"]}  # fmt: skip
+    labels = {
+        "batch.kubernetes.io/controller-uid": meta["uid"],
+        "controller-uid": meta["uid"],
+        "batch.kubernetes.io/job-name": meta["name"],
+        "job-name": meta["name"],
+    }
     spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": meta["uid"]}}
     template_meta = spec.setdefault("template", {}).setdefault("metadata", {})
     template_meta["labels"] = {**(template_meta.get("labels") or {}), **labels}
@@ -206,13 +210,31 @@ class Kind:
         columns += self.columns or [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
         now = datetime.datetime.now(tz=datetime.UTC)
         return {
-            "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": resource_version},
-            "columnDefinitions": [{"name": c["name"], "type": c["type"], "format": "", "description": "",
-                                   "priority": c.get("priority", 0)} for c in columns],
-            "rows": [{"cells": [_cell(item, c, now) for c in columns],
-                      "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": item["metadata"]}}
-                     for item in items],
-        }  # fmt: skip
+            "kind": "Table",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": resource_version},
+            "columnDefinitions": [
+                {
+                    "name": c["name"],
+                    "type": c["type"],
+                    "format": "",
+                    "description": "",
+                    "priority": c.get("priority", 0),
+                }
+                for c in columns
+            ],
+            "rows": [
+                {
+                    "cells": [_cell(item, c, now) for c in columns],
+                    "object": {
+                        "kind": "PartialObjectMetadata",
+                        "apiVersion": "meta.k8s.io/v1",
+                        "metadata": item["metadata"],
+                    },
+                }
+                for item in items
+            ],
+        }
 
     def admit(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Defaulting, pruning and validation, in the API server's order."""
@@ -225,5 +247,7 @@ class Kind:
         if errors:
             e = errors[0]
             where = ".".join(str(p) for p in e.absolute_path)
-            raise error(422, "Invalid", f"{self.kind}.{api.GROUP} {meta.get('name')!r} is invalid: {where}: {e.message}")
+            raise error(
+                422, "Invalid", f"{self.kind}.{api.GROUP} {meta.get('name')!r} is invalid: {where}: {e.message}"
+            )
         return body

@@ -82,7 +82,9 @@ def materialize(
         elif "persistentVolumeClaim" in volume:
             claim = volume["persistentVolumeClaim"]["claimName"]
             if claim not in claims:
-                raise VolumeError(f'persistentvolumeclaim "{claim}" is not provided by this node; known: {sorted(claims)}')
+                raise VolumeError(
+                    f'persistentvolumeclaim "{claim}" is not provided by this node; known: {sorted(claims)}'
+                )
             target = claims[claim]
             target.mkdir(parents=True, exist_ok=True)
         else:

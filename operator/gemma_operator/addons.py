@@ -27,18 +27,38 @@ class Addon:
     schema_field: str | None = None
 
 
-ADDONS = {a.kind: a for a in (
-    # onJobFailureMessagePatterns (kubernetes-sigs/jobset#1033) tells preemptions from application
-    # errors; an older JobSet prunes it, and every application error then restarts the gang forever.
-    Addon("JobSet", "JobSet >= v0.10.0", "multi-host training slices",
-          "install JobSet v0.10.0 or later (kubernetes-sigs/jobset releases)", "onJobFailureMessagePatterns"),
-    Addon("LeaderWorkerSet", "LeaderWorkerSet (leaderworkerset.x-k8s.io/v1)", "multi-host serving",
-          "install LeaderWorkerSet (kubernetes-sigs/lws releases)"),
-    Addon("PodMonitor", "the prometheus-operator CRDs (monitoring.coreos.com/v1 PodMonitor)", "metrics.podMonitor",
-          "install the prometheus-operator, or on GKE Managed Prometheus use metrics.podMonitoring"),
-    Addon("PodMonitoring", "GKE Managed Service for Prometheus (monitoring.googleapis.com/v1 PodMonitoring)",
-          "metrics.podMonitoring", "enable Managed Service for Prometheus on the cluster, or use metrics.podMonitor"),
-)}  # fmt: skip
+ADDONS = {
+    a.kind: a
+    for a in (
+        # onJobFailureMessagePatterns (kubernetes-sigs/jobset#1033) tells preemptions from application
+        # errors; an older JobSet prunes it, and every application error then restarts the gang forever.
+        Addon(
+            "JobSet",
+            "JobSet >= v0.10.0",
+            "multi-host training slices",
+            "install JobSet v0.10.0 or later (kubernetes-sigs/jobset releases)",
+            "onJobFailureMessagePatterns",
+        ),
+        Addon(
+            "LeaderWorkerSet",
+            "LeaderWorkerSet (leaderworkerset.x-k8s.io/v1)",
+            "multi-host serving",
+            "install LeaderWorkerSet (kubernetes-sigs/lws releases)",
+        ),
+        Addon(
+            "PodMonitor",
+            "the prometheus-operator CRDs (monitoring.coreos.com/v1 PodMonitor)",
+            "metrics.podMonitor",
+            "install the prometheus-operator, or on GKE Managed Prometheus use metrics.podMonitoring",
+        ),
+        Addon(
+            "PodMonitoring",
+            "GKE Managed Service for Prometheus (monitoring.googleapis.com/v1 PodMonitoring)",
+            "metrics.podMonitoring",
+            "enable Managed Service for Prometheus on the cluster, or use metrics.podMonitor",
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)

@@ -50,9 +50,7 @@ PATTERN_HINTS = {
 class Model(BaseModel):
     """Common settings: camelCase on the wire, unknown fields refused (a typo must not pass)."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True
-    )
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True)
 
 
 # ---------------------------------------------------------------------------- shared pieces
@@ -128,9 +126,11 @@ class Evaluation(Model):
 
     uri: Annotated[
         str | None,
-        Field(pattern=_URI, description="An eval JSONL in the dataset's format; unset: the rows held out by "
-              "dataset.evalFraction."),
-    ] = None  # fmt: skip
+        Field(
+            pattern=_URI,
+            description="An eval JSONL in the dataset's format; unset: the rows held out by dataset.evalFraction.",
+        ),
+    ] = None
     max_rows: Annotated[int, Field(ge=1, le=100000, description="Rows scored at most (bounds the cost).")] = 256
     max_new_tokens: Annotated[
         int, Field(ge=1, le=8192, description="Greedy tokens generated at most per row with an expected answer.")
@@ -203,9 +203,9 @@ class ModelSource(Model):
             description="Hugging Face repository id, e.g. google/gemma-4-31B-it.",
         ),
     ] = None
-    hf_token_secret_ref: Annotated[
-        SecretKeyRef | None, Field(description="Secret holding the Hugging Face token.")
-    ] = None
+    hf_token_secret_ref: Annotated[SecretKeyRef | None, Field(description="Secret holding the Hugging Face token.")] = (
+        None
+    )
     preset: Annotated[
         Preset | None,
         Field(
@@ -259,8 +259,7 @@ class Lora(Model):
             raise ValueError("targetModules lists a module twice")
         if ("k_proj" in targets) != ("v_proj" in targets):
             raise ValueError(
-                "k_proj and v_proj share one fused projection (kv_einsum) on sliding layers: "
-                "list both or neither"
+                "k_proj and v_proj share one fused projection (kv_einsum) on sliding layers: list both or neither"
             )
         return targets
 
@@ -276,9 +275,7 @@ class Training(Model):
     """Optimisation settings. The effective batch is batchSize sequences per optimizer step."""
 
     steps: Annotated[int | None, Field(ge=1, description="Optimizer steps (or set epochs).")] = None
-    epochs: Annotated[
-        int | None, Field(ge=1, description="Passes over the data (or set steps); default 1.")
-    ] = None
+    epochs: Annotated[int | None, Field(ge=1, description="Passes over the data (or set steps); default 1.")] = None
     batch_size: Annotated[int, Field(ge=1, description="Global batch (sequences per step).")] = 8
     micro_batch_size: Annotated[
         int | None,
@@ -297,8 +294,11 @@ class Training(Model):
     keep_checkpoints: Annotated[int, Field(ge=1, description="Checkpoints kept.")] = 3
     log_every: Annotated[int, Field(ge=1, description="Steps between progress reports.")] = 10
     gradient_checkpointing: Annotated[
-        bool, Field(description="Rematerialise decoder layers where HBM needs it: the plan keeps all activations, "
-                     "the matmul outputs, or only layer inputs, the fastest its HBM estimate fits.")
+        bool,
+        Field(
+            description="Rematerialise decoder layers where HBM needs it: the plan keeps all activations, "
+            "the matmul outputs, or only layer inputs, the fastest its HBM estimate fits."
+        ),
     ] = True
     mesh: Annotated[Mesh | None, Field(description="Override the derived mesh.")] = None
 
@@ -388,9 +388,7 @@ class GemmaFineTuneStatus(Model):
     conditions: list[Condition] = Field(default_factory=list)
     model: Annotated[str | None, Field(description="The base model, as planned.")] = None
     topology: Annotated[str | None, Field(description="The slice, e.g. v5p 2x2x1.")] = None
-    run: Annotated[
-        str | None, Field(description="Id of the current run: a hash of the training inputs.")
-    ] = None
+    run: Annotated[str | None, Field(description="Id of the current run: a hash of the training inputs.")] = None
     attempt: int | None = None
     children: FineTuneChildren | None = None
     progress: Progress | None = None
@@ -416,9 +414,12 @@ class FineTuneRef(Model):
     name: Annotated[str, Field(pattern=_DNS_NAME, max_length=253)]
     run: Annotated[
         str | None,
-        Field(pattern=r"^[0-9a-f]{6,64}$", description="Serve this run's merged output (one of the fine-tune's "
-              "status.runs) instead of the newest: a rollback is this one field."),
-    ] = None  # fmt: skip
+        Field(
+            pattern=r"^[0-9a-f]{6,64}$",
+            description="Serve this run's merged output (one of the fine-tune's "
+            "status.runs) instead of the newest: a rollback is this one field.",
+        ),
+    ] = None
 
 
 class ServeModel(Model):
@@ -471,9 +472,7 @@ class CompilationCache(Model):
     Without it every restart compiles again (about 8 minutes for 31B on v6e-8)."""
 
     uri: Annotated[str | None, Field(pattern=r"^gs://.+", description="gs:// prefix, mounted read-write.")] = None
-    pvc: Annotated[
-        str | None, Field(pattern=_DNS_NAME, max_length=253, description="A ReadWriteMany PVC.")
-    ] = None
+    pvc: Annotated[str | None, Field(pattern=_DNS_NAME, max_length=253, description="A ReadWriteMany PVC.")] = None
 
     @model_validator(mode="after")
     def _one_place(self) -> CompilationCache:
@@ -496,9 +495,7 @@ class GcsFuse(Model):
     sidecar_ephemeral_storage_limit: Annotated[
         str, Field(description='gke-gcsfuse/ephemeral-storage-limit; "0": no limit.')
     ] = "0"
-    mount_options: Annotated[list[str], Field(description="More gcsfuse mount options.")] = Field(
-        default_factory=list
-    )
+    mount_options: Annotated[list[str], Field(description="More gcsfuse mount options.")] = Field(default_factory=list)
 
 
 class Rollout(Model):
@@ -508,9 +505,12 @@ class Rollout(Model):
     max_unavailable: Annotated[int, Field(ge=0)] = 1
     gate: Annotated[
         list[GateCondition],
-        Field(max_length=16, description="Conditions on a fine-tune run's evaluation: a run that fails one is not rolled out "
-              "and the output already served keeps serving. Empty: every new output rolls out."),
-    ] = Field(default_factory=list)  # fmt: skip
+        Field(
+            max_length=16,
+            description="Conditions on a fine-tune run's evaluation: a run that fails one is not rolled out "
+            "and the output already served keeps serving. Empty: every new output rolls out.",
+        ),
+    ] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _progress(self) -> Rollout:
@@ -524,9 +524,9 @@ class Autoscaling(Model):
 
     min_replicas: Annotated[int, Field(ge=1)] = 1
     max_replicas: Annotated[int, Field(ge=1, le=1000)]
-    metric: Annotated[
-        str, Field(description="Pods metric name as the metrics adapter exposes it.")
-    ] = "vllm:num_requests_waiting"
+    metric: Annotated[str, Field(description="Pods metric name as the metrics adapter exposes it.")] = (
+        "vllm:num_requests_waiting"
+    )
     target_average_value: Annotated[float, Field(gt=0, description="Target of the metric per pod.")] = 5.0
 
     @model_validator(mode="after")
@@ -567,7 +567,9 @@ class GemmaServeSpec(Model):
     @model_validator(mode="after")
     def _gate_needs_runs(self) -> GemmaServeSpec:
         if self.rollout.gate and self.model.fine_tune_ref is None:
-            raise ValueError("rollout.gate is only used with model.fineTuneRef: evaluations come from a fine-tune's runs")
+            raise ValueError(
+                "rollout.gate is only used with model.fineTuneRef: evaluations come from a fine-tune's runs"
+            )
         return self
 
 
@@ -586,9 +588,11 @@ class GemmaServeStatus(Model):
     run: Annotated[str | None, Field(description="The fine-tune run whose output is served.")] = None
     passed_runs: Annotated[
         list[str],
-        Field(description="The fine-tune's runs that pass rollout.gate (all of them without a gate), newest "
-              "first: set model.fineTuneRef.run to one of them to roll back."),
-    ] = Field(default_factory=list)  # fmt: skip
+        Field(
+            description="The fine-tune's runs that pass rollout.gate (all of them without a gate), newest "
+            "first: set model.fineTuneRef.run to one of them to roll back."
+        ),
+    ] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------- the kinds

@@ -110,9 +110,26 @@ def plan_documents(docs: list[dict], settings) -> tuple[list[tuple[str, Any]], l
             if ref:
                 ft = finetunes.get((namespace, ref.get("name")))
                 if ft is None:
-                    raise SpecError([f"spec.model.fineTuneRef: GemmaFineTune {ref.get('name')!r} is not in this file, so its output is unknown"])
+                    raise SpecError(
+                        [
+                            f"spec.model.fineTuneRef: GemmaFineTune {ref.get('name')!r} is not in this file, so its output is unknown"
+                        ]
+                    )
                 uri, preset = ft.merged_dir, ft.preset
-            plans.append(("GemmaServe", plan_serve(name, namespace, doc.get("spec"), settings, model_uri=uri, fine_tune_preset=preset, labels=labels)))
+            plans.append(
+                (
+                    "GemmaServe",
+                    plan_serve(
+                        name,
+                        namespace,
+                        doc.get("spec"),
+                        settings,
+                        model_uri=uri,
+                        fine_tune_preset=preset,
+                        labels=labels,
+                    ),
+                )
+            )
         except SpecError as e:
             problems += [f"GemmaServe/{name}: {m}" for m in e.problems]
     return plans, problems
@@ -180,8 +197,10 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 # Subcommands other packages register (pyproject's entry points): `dev` is the local cluster's.
 COMMANDS = "gemma_tpu.commands"
-DEV_MISSING = ("gemma-tpu dev: the local cluster is not installed here ({missing}); the operator image leaves it "
-               "out. From a checkout: `make venv`, or pip install -e '.[operator,workloads,dev]'")  # fmt: skip
+DEV_MISSING = (
+    "gemma-tpu dev: the local cluster is not installed here ({missing}); the operator image leaves it "
+    "out. From a checkout: `make venv`, or pip install -e '.[operator,workloads,dev]'"
+)
 DEV_MODULES = ("gemma_devcluster", "gemma_workloads", "kmock", "jsonpatch", "jsonschema")
 
 
@@ -200,11 +219,15 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gemma-tpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="gemma-tpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("render", help="print the objects the operator would create")
-    p.add_argument("-f", "--file", required=True, action="append", help="file or directory of CRs ('-': stdin); repeatable")
+    p.add_argument(
+        "-f", "--file", required=True, action="append", help="file or directory of CRs ('-': stdin); repeatable"
+    )
     p.add_argument("--phase", choices=["train", "merge"], default="train", help="which fine-tune phase to render")
     p.add_argument("--settings", help="operator settings YAML (default: $GEMMA_TPU_SETTINGS or built-in)")
     p.set_defaults(func=cmd_render)
@@ -227,12 +250,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0 to disable)")
     p.add_argument("--standalone", action="store_true", help="no kopf peering (the default; kept for old scripts)")
     p.add_argument("--peering", metavar="NAME", help="opt in to kopf peering by this name (needs its CRDs)")
-    p.add_argument("--leader-election-lease", metavar="NAMESPACE/NAME",
-                   help="lead through this Lease before starting (several replicas, without --peering)")
+    p.add_argument(
+        "--leader-election-lease",
+        metavar="NAMESPACE/NAME",
+        help="lead through this Lease before starting (several replicas, without --peering)",
+    )
     p.set_defaults(func=cmd_operator)
 
     # Its arguments belong to the package that registers it (gemma_devcluster), which parses them.
-    p = sub.add_parser("dev", add_help=False, help="run the whole pipeline locally: API, operator, node agent, tiny model")
+    p = sub.add_parser(
+        "dev", add_help=False, help="run the whole pipeline locally: API, operator, node agent, tiny model"
+    )
     p.set_defaults(func=cmd_dev)
     return parser
 

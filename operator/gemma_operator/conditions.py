@@ -22,10 +22,16 @@ def set_condition(
     out = [dict(c) for c in conditions if c.get("type") != type_]
     previous = next((c for c in conditions if c.get("type") == type_), None)
     since = previous.get("lastTransitionTime") if previous and previous.get("status") == value else timestamp(at)
-    out.append({
-        "type": type_, "status": value, "reason": reason, "message": message,
-        "lastTransitionTime": since, "observedGeneration": generation,
-    })  # fmt: skip
+    out.append(
+        {
+            "type": type_,
+            "status": value,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": since,
+            "observedGeneration": generation,
+        }
+    )
     return sorted(out, key=lambda c: c["type"])
 
 

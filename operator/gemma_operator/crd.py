@@ -20,7 +20,10 @@ from gemma_operator import api
 CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
     api.ModelSource: [
         {"rule": "has(self.uri) != has(self.hfRepo)", "message": "set exactly one of uri or hfRepo"},
-        {"rule": "!has(self.hfTokenSecretRef) || has(self.hfRepo)", "message": "hfTokenSecretRef is only used with hfRepo"},
+        {
+            "rule": "!has(self.hfTokenSecretRef) || has(self.hfRepo)",
+            "message": "hfTokenSecretRef is only used with hfRepo",
+        },
     ],
     api.ServeModel: [
         {
@@ -41,18 +44,25 @@ CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
         {"rule": "has(self.uri) != has(self.pvc)", "message": "set exactly one of uri or pvc"},
     ],
     api.GemmaFineTuneSpec: [
-        {"rule": "!has(self.evaluation) || has(self.evaluation.uri) || self.dataset.evalFraction > 0.0",
-         "message": "evaluation has no rows: set spec.evaluation.uri or spec.dataset.evalFraction above 0"},
+        {
+            "rule": "!has(self.evaluation) || has(self.evaluation.uri) || self.dataset.evalFraction > 0.0",
+            "message": "evaluation has no rows: set spec.evaluation.uri or spec.dataset.evalFraction above 0",
+        },
     ],
     api.GateCondition: [
         {"rule": "has(self.min) || has(self.max) || has(self.baseline)", "message": "set min, max or baseline"},
-        {"rule": "!has(self.min) || !has(self.max) || self.min <= self.max", "message": "min is above max: nothing could pass"},
+        {
+            "rule": "!has(self.min) || !has(self.max) || self.min <= self.max",
+            "message": "min is above max: nothing could pass",
+        },
     ],
     api.GemmaServeSpec: [
-        {"rule": "!has(self.rollout) || !has(self.rollout.gate) || size(self.rollout.gate) == 0 || has(self.model.fineTuneRef)",
-         "message": "rollout.gate is only used with model.fineTuneRef"},
+        {
+            "rule": "!has(self.rollout) || !has(self.rollout.gate) || size(self.rollout.gate) == 0 || has(self.model.fineTuneRef)",
+            "message": "rollout.gate is only used with model.fineTuneRef",
+        },
     ],
-}  # fmt: skip
+}
 
 _DROP = {"title", "additionalProperties", "$defs"}
 

@@ -47,8 +47,14 @@ def figures(results: list[MetricResult] | None) -> tuple[list[dict[str, Any]], l
         if not math.isfinite(r.value) or (r.baseline is not None and not math.isfinite(r.baseline)):
             dropped.append(f"{r.name} {r.value} (base {r.baseline})")
             continue
-        kept.append({"name": r.name, "value": r.value, "rows": r.rows,
-                     **({"baseline": r.baseline} if r.baseline is not None else {})})  # fmt: skip
+        kept.append(
+            {
+                "name": r.name,
+                "value": r.value,
+                "rows": r.rows,
+                **({"baseline": r.baseline} if r.baseline is not None else {}),
+            }
+        )
     return kept, dropped
 
 
@@ -99,14 +105,17 @@ def runs_of(fine_tune_status: dict[str, Any]) -> list[dict[str, Any]]:
     return runs
 
 
-def record_evaluation(st: dict[str, Any], run: str, results: list[MetricResult] | None,
-                      expected: bool) -> list[tuple[str, str, str]]:  # fmt: skip
+def record_evaluation(
+    st: dict[str, Any], run: str, results: list[MetricResult] | None, expected: bool
+) -> list[tuple[str, str, str]]:
     """Put a finished training run's figures in `status.evaluation`; the Events that say so."""
     metrics, dropped = figures(results)
     events = []
     if dropped:
         left_out = ", ".join(dropped)
-        events.append(("Warning", "EvaluationNotFinite", f"run {run}: figures that are not finite, left out: {left_out}"))
+        events.append(
+            ("Warning", "EvaluationNotFinite", f"run {run}: figures that are not finite, left out: {left_out}")
+        )
     if results is not None:  # evaluated, even if nothing usable came of it: a gate then names what is missing
         st["evaluation"] = status_of(run, metrics)
     if metrics:
@@ -123,7 +132,12 @@ def record_merged_run(st: dict[str, Any], run: str, at: str) -> None:
     if st.get("phase") != "Succeeded" or not merged:
         return
     ev = st.get("evaluation") or {}
-    runs = record_run(st.get("runs") or [], run, merged, st.get("completionTime") or at,
-                      ev.get("metrics") if ev.get("run") == run else None)  # fmt: skip
+    runs = record_run(
+        st.get("runs") or [],
+        run,
+        merged,
+        st.get("completionTime") or at,
+        ev.get("metrics") if ev.get("run") == run else None,
+    )
     if runs != st.get("runs"):
         st["runs"] = runs

@@ -53,14 +53,21 @@ def job_pod_failure_policy(container: str) -> dict[str, Any]:
     return {
         "rules": [
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-            {"action": "Ignore", "onExitCodes": {"containerName": container, "operator": "In", "values": _codes(Action.RESTART)}},
-            {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "NotIn", "values": _not_failing_codes()}},
+            {
+                "action": "Ignore",
+                "onExitCodes": {"containerName": container, "operator": "In", "values": _codes(Action.RESTART)},
+            },
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": container, "operator": "NotIn", "values": _not_failing_codes()},
+            },
         ]
-    }  # fmt: skip
+    }
 
 
 def _jobset_job_rules(container: str) -> list[tuple[dict[str, Any], bool]]:
     """The child Jobs' podFailurePolicy rules, each with whether it means a preemption."""
+
     def exit_codes(operator: str, codes: list[int]) -> dict[str, Any]:
         return {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": operator, "values": codes}}
 

@@ -26,8 +26,18 @@ from gemma_operator.model_shapes import DTYPE_BYTES, ModelShape
 
 GIB = 2**30
 XLA_ALLOWANCE = 1 * GIB
-_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-               "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
+_SIZE_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
 
 
 def parse_size(text: str) -> int:
@@ -80,8 +90,11 @@ def training_memory(
     # "dots" also keeps each layer's matmul outputs: q, k, v, attention, o, gate, up, down
     q, kv, d = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.embed_dim
     saved_dots = tokens * (2 * q + 2 * kv + 2 * d + 2 * shape.mlp_dim) * b / tp * shape.layers
-    by_remat = {"none": per_layer_work * shape.layers, "dots": layer_inputs + saved_dots + per_layer_work,
-                "full": layer_inputs + per_layer_work}
+    by_remat = {
+        "none": per_layer_work * shape.layers,
+        "dots": layer_inputs + saved_dots + per_layer_work,
+        "full": layer_inputs + per_layer_work,
+    }
     activations = by_remat["full" if remat else "none"]
     parts = {
         "weights": shape.params * b / devices,

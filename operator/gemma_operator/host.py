@@ -53,17 +53,22 @@ def host_memory_bytes(slice_: tpu.Slice, settings: OperatorSettings) -> float:
     return math.inf if gib is None else gib * fit.GIB
 
 
-def plan_host(shape: ModelShape | None, model_path: str, dtype: str, slice_: tpu.Slice,
-              settings: OperatorSettings) -> HostPlan:  # fmt: skip
+def plan_host(
+    shape: ModelShape | None, model_path: str, dtype: str, slice_: tpu.Slice, settings: OperatorSettings
+) -> HostPlan:
     """Requests and staging of one training host; without a preset the settings' sizes stand in."""
     h = settings.training_host
     memory = None
     request = fit.parse_size(settings.resources.training_memory)
     if shape is not None:
         memory = fit.host_memory(
-            shape, dtype=dtype, runtime_bytes=fit.parse_size(h.runtime_memory), shm_bytes=fit.parse_size(SHM_SIZE),
-            host_bytes=host_memory_bytes(slice_, settings), usable_fraction=h.memory_usable_fraction,
-        )  # fmt: skip
+            shape,
+            dtype=dtype,
+            runtime_bytes=fit.parse_size(h.runtime_memory),
+            shm_bytes=fit.parse_size(SHM_SIZE),
+            host_bytes=host_memory_bytes(slice_, settings),
+            usable_fraction=h.memory_usable_fraction,
+        )
         request = max(request, memory.total)
     if not model_path.startswith(STAGED_SCHEMES):
         return HostPlan(memory, _quantity(request), None, None, None)

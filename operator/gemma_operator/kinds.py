@@ -41,20 +41,39 @@ KINDS: dict[str, KindInfo] = {
     "ConfigMap": KindInfo("v1", "configmaps", OWN, mutable=()),
     "Job": KindInfo("batch/v1", "jobs", RUN, mutable=(), wakes_owner=True),
     "JobSet": KindInfo("jobset.x-k8s.io/v1alpha2", "jobsets", RUN, mutable=(), wakes_owner=True),
-    "Deployment": KindInfo("apps/v1", "deployments", RUN, wakes_owner=True, serving=True,
-                           mutable=("replicas", "template", "strategy", "progressDeadlineSeconds")),
+    "Deployment": KindInfo(
+        "apps/v1",
+        "deployments",
+        RUN,
+        wakes_owner=True,
+        serving=True,
+        mutable=("replicas", "template", "strategy", "progressDeadlineSeconds"),
+    ),
     "Service": KindInfo("v1", "services", OWN, mutable=("ports", "selector", "type")),
-    "LeaderWorkerSet": KindInfo("leaderworkerset.x-k8s.io/v1", "leaderworkersets", RUN, wakes_owner=True, serving=True,
-                                mutable=("replicas", "leaderWorkerTemplate", "rolloutStrategy")),
-    "HorizontalPodAutoscaler": KindInfo("autoscaling/v2", "horizontalpodautoscalers", OPTIONAL, serving=True,
-                                        mutable=("scaleTargetRef", "minReplicas", "maxReplicas", "metrics", "behavior")),
-    "PodMonitor": KindInfo("monitoring.coreos.com/v1", "podmonitors", OPTIONAL, serving=True,
-                           mutable=("selector", "podMetricsEndpoints")),
-    "PodMonitoring": KindInfo("monitoring.googleapis.com/v1", "podmonitorings", OPTIONAL, serving=True,
-                              mutable=("selector", "endpoints")),
+    "LeaderWorkerSet": KindInfo(
+        "leaderworkerset.x-k8s.io/v1",
+        "leaderworkersets",
+        RUN,
+        wakes_owner=True,
+        serving=True,
+        mutable=("replicas", "leaderWorkerTemplate", "rolloutStrategy"),
+    ),
+    "HorizontalPodAutoscaler": KindInfo(
+        "autoscaling/v2",
+        "horizontalpodautoscalers",
+        OPTIONAL,
+        serving=True,
+        mutable=("scaleTargetRef", "minReplicas", "maxReplicas", "metrics", "behavior"),
+    ),
+    "PodMonitor": KindInfo(
+        "monitoring.coreos.com/v1", "podmonitors", OPTIONAL, serving=True, mutable=("selector", "podMetricsEndpoints")
+    ),
+    "PodMonitoring": KindInfo(
+        "monitoring.googleapis.com/v1", "podmonitorings", OPTIONAL, serving=True, mutable=("selector", "endpoints")
+    ),
     "Pod": KindInfo("v1", "pods", frozenset({"list"})),
     "Event": KindInfo("v1", "events", frozenset({"create"})),
-}  # fmt: skip
+}
 POD_LOG = "pods/log"  # read for live training progress
 
 

@@ -73,16 +73,26 @@ class Kube:
             path += f"/{sub}"
         return path
 
-    async def _call(self, method: str, path: str, body: Any = None, query: dict | None = None,
-                    content_type: str = "application/json", raw: bool = False) -> Any:  # fmt: skip
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict | None = None,
+        content_type: str = "application/json",
+        raw: bool = False,
+    ) -> Any:
         def call() -> Any:
             c = self._client
             try:
                 method_, url, headers, data, _ = c.param_serialize(
-                    method, path, query_params=list((query or {}).items()), body=body,
+                    method,
+                    path,
+                    query_params=list((query or {}).items()),
+                    body=body,
                     header_params={"Content-Type": content_type, "Accept": "application/json"},
                     auth_settings=["BearerToken"],
-                )  # fmt: skip
+                )
                 resp = c.call_api(method_, url, header_params=headers, body=data)
                 resp.read()
             except ApiException as e:
@@ -132,9 +142,11 @@ class Kube:
     async def pod_log(self, namespace: str, name: str, container: str, tail_lines: int = 50) -> str:
         try:
             return await self._call(
-                "GET", self._path("Pod", namespace, name, "log"),
-                query={"container": container, "tailLines": str(tail_lines)}, raw=True,
-            )  # fmt: skip
+                "GET",
+                self._path("Pod", namespace, name, "log"),
+                query={"container": container, "tailLines": str(tail_lines)},
+                raw=True,
+            )
         except ApiError as e:
             if e.status in (400, 404):  # not started yet, or gone
                 return ""
@@ -148,14 +160,27 @@ class Kube:
         t = timestamp(now())
         key = _hash([meta["uid"], meta.get("resourceVersion"), type_, reason, message])
         try:
-            await self.create({
-                "apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": f"{meta['name']}.{key}", "namespace": meta["namespace"]},
-                "involvedObject": {"apiVersion": involved["apiVersion"], "kind": involved["kind"], "name": meta["name"],
-                                   "namespace": meta["namespace"], "uid": meta["uid"]},
-                "type": type_, "reason": reason, "message": message[:1024], "count": 1,
-                "firstTimestamp": t, "lastTimestamp": t, "source": {"component": "gemma-tpu-operator"},
-            })  # fmt: skip
+            await self.create(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Event",
+                    "metadata": {"name": f"{meta['name']}.{key}", "namespace": meta["namespace"]},
+                    "involvedObject": {
+                        "apiVersion": involved["apiVersion"],
+                        "kind": involved["kind"],
+                        "name": meta["name"],
+                        "namespace": meta["namespace"],
+                        "uid": meta["uid"],
+                    },
+                    "type": type_,
+                    "reason": reason,
+                    "message": message[:1024],
+                    "count": 1,
+                    "firstTimestamp": t,
+                    "lastTimestamp": t,
+                    "source": {"component": "gemma-tpu-operator"},
+                }
+            )
         except ApiError as e:
             if e.status != 409:
                 raise

@@ -39,9 +39,16 @@ def _now() -> str:
 class Elector:
     """One candidate for the Lease `namespace/name`, known as `identity` (its pod name)."""
 
-    def __init__(self, client: kubernetes.client.ApiClient, namespace: str, name: str, identity: str,
-                 lease_seconds: float = LEASE_SECONDS, retry_seconds: float = RETRY_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: kubernetes.client.ApiClient,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_seconds: float = LEASE_SECONDS,
+        retry_seconds: float = RETRY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.api = kubernetes.client.CoordinationV1Api(client)
         self.namespace, self.name, self.identity = namespace, name, identity
         self.lease_seconds, self.retry_seconds, self._clock = lease_seconds, retry_seconds, clock
@@ -63,19 +70,34 @@ class Elector:
         if spec.holder_identity and spec.holder_identity != self.identity and self._clock() - self._seen < duration:
             return False
         now = _now()
-        patch: dict = {"holderIdentity": self.identity, "leaseDurationSeconds": int(self.lease_seconds), "renewTime": now}
+        patch: dict = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": int(self.lease_seconds),
+            "renewTime": now,
+        }
         if spec.holder_identity != self.identity:
             patch.update(acquireTime=now, leaseTransitions=(spec.lease_transitions or 0) + 1)
         # The resourceVersion makes the patch fail (409) if another candidate wrote first.
-        return self._write(lambda: self.api.patch_namespaced_lease(
-            self.name, self.namespace, {"metadata": {"resourceVersion": rv}, "spec": patch}))  # fmt: skip
+        return self._write(
+            lambda: self.api.patch_namespaced_lease(
+                self.name, self.namespace, {"metadata": {"resourceVersion": rv}, "spec": patch}
+            )
+        )
 
     def _create(self) -> bool:
         now = _now()
-        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace},
-                "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": int(self.lease_seconds),
-                         "acquireTime": now, "renewTime": now, "leaseTransitions": 0}}  # fmt: skip
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": int(self.lease_seconds),
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": 0,
+            },
+        }
         return self._write(lambda: self.api.create_namespaced_lease(self.namespace, body))
 
     def _write(self, call: Callable) -> bool:
@@ -101,8 +123,9 @@ class Elector:
             stop.wait(self.retry_seconds)
         return False
 
-    def keep(self, on_lost: Callable[[], None], stop: threading.Event,
-             deadline: float = RENEW_DEADLINE_SECONDS) -> None:  # fmt: skip
+    def keep(
+        self, on_lost: Callable[[], None], stop: threading.Event, deadline: float = RENEW_DEADLINE_SECONDS
+    ) -> None:
         """Renew until `stop`; call `on_lost` when no renewal succeeded for `deadline` seconds."""
         renewed = self._clock()
         while not stop.wait(self.retry_seconds):
@@ -121,8 +144,10 @@ class Elector:
         """Hand the Lease over at once (on shutdown) instead of letting it expire."""
         if not self._record or self._record[0] != self.identity:
             return
-        patch = {"metadata": {"resourceVersion": self._record[2]},
-                 "spec": {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now()}}  # fmt: skip
+        patch = {
+            "metadata": {"resourceVersion": self._record[2]},
+            "spec": {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now()},
+        }
         try:
             self.api.patch_namespaced_lease(self.name, self.namespace, patch)
         except ApiException as e:  # it expires on its own
@@ -158,8 +183,13 @@ def standby_health(liveness: str) -> Iterator[None]:
 
 
 @contextmanager
-def leading(client: kubernetes.client.ApiClient, lease: str, registry: kopf.OperatorRegistry, liveness: str,
-            lost: threading.Event) -> Iterator[threading.Event]:  # fmt: skip
+def leading(
+    client: kubernetes.client.ApiClient,
+    lease: str,
+    registry: kopf.OperatorRegistry,
+    liveness: str,
+    lost: threading.Event,
+) -> Iterator[threading.Event]:
     """Wait to lead through the Lease `NAMESPACE/NAME`, then renew it in a thread; yields kopf's
     stop flag, raised (and `lost` set) if the Lease cannot be renewed. Hands it over on exit."""
     namespace, _, name = lease.partition("/")

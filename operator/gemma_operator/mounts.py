@@ -35,6 +35,8 @@ def storage_problems(storage: api.Storage | None, taken: tuple[str, ...], tree: 
         return []
     path = posixpath.normpath(storage.mount_path)
     if path in taken or (tree and (path == tree or path.startswith(tree + "/"))):
-        return [f"spec.storage.mountPath: {storage.mount_path} is where the operator mounts its own volumes "
-                f"({', '.join((*taken, tree) if tree else taken)}); choose another path"]
+        return [
+            f"spec.storage.mountPath: {storage.mount_path} is where the operator mounts its own volumes "
+            f"({', '.join((*taken, tree) if tree else taken)}); choose another path"
+        ]
     return []

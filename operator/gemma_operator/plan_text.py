@@ -15,8 +15,15 @@ def _slice(p: FineTunePlan | ServePlan) -> dict[str, Any]:
     s = p.placement.slice
     if s is None:
         return {"accelerator": "cpu", "hosts": 1, "chipsPerHost": 0}
-    return {"accelerator": s.generation, "name": s.name, "topology": s.topology, "hosts": s.hosts,
-            "chipsPerHost": s.chips_per_host, "chips": s.chips, "machineType": s.machine_type}  # fmt: skip
+    return {
+        "accelerator": s.generation,
+        "name": s.name,
+        "topology": s.topology,
+        "hosts": s.hosts,
+        "chipsPerHost": s.chips_per_host,
+        "chips": s.chips,
+        "machineType": s.machine_type,
+    }
 
 
 def _memory(m: fit.MemoryEstimate | None) -> dict[str, Any] | None:
@@ -33,8 +40,13 @@ def _memory(m: fit.MemoryEstimate | None) -> dict[str, Any] | None:
 def _staging(h: host.HostPlan | None) -> dict[str, Any] | None:
     if h is None or h.staging_size is None:
         return None
-    return {"volume": h.staging_volume, "size": h.staging_size, "path": host.STAGING_DIR, "disk": _memory(h.staging),
-            "storageClass": h.storage_class}  # fmt: skip
+    return {
+        "volume": h.staging_volume,
+        "size": h.staging_size,
+        "path": host.STAGING_DIR,
+        "disk": _memory(h.staging),
+        "storageClass": h.storage_class,
+    }
 
 
 def _host(p: FineTunePlan) -> dict[str, Any] | None:
@@ -71,27 +83,52 @@ def _staging_text(s: dict[str, Any]) -> str:
 def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:
     if isinstance(p, ServePlan):
         return {
-            "kind": "GemmaServe", "name": p.name, "namespace": p.namespace, "slice": _slice(p),
-            "modelUri": p.model_uri, "servedModelName": p.served_name, "tensorParallel": p.tensor_parallel,
-            "hbmPerChip": _memory(p.memory), "image": p.image, "workload": f"{'LeaderWorkerSet' if p.multi_host else 'Deployment'} {serving.name(p)}",
-            "startupBudgetSeconds": p.startup_seconds, "download": _staging(p.staging), **model_delivery.describe(p),
+            "kind": "GemmaServe",
+            "name": p.name,
+            "namespace": p.namespace,
+            "slice": _slice(p),
+            "modelUri": p.model_uri,
+            "servedModelName": p.served_name,
+            "tensorParallel": p.tensor_parallel,
+            "hbmPerChip": _memory(p.memory),
+            "image": p.image,
+            "workload": f"{'LeaderWorkerSet' if p.multi_host else 'Deployment'} {serving.name(p)}",
+            "startupBudgetSeconds": p.startup_seconds,
+            "download": _staging(p.staging),
+            **model_delivery.describe(p),
             "rolloutGate": [g.model_dump(mode="json", by_alias=True, exclude_none=True) for g in p.spec.rollout.gate],
-        }  # fmt: skip
+        }
     est = p.estimate
     return {
-        "kind": "GemmaFineTune", "name": p.name, "namespace": p.namespace, "model": p.model_label,
-        "slice": _slice(p), "workload": "JobSet" if p.multi_host else "Job",
-        "mesh": {"fsdp": p.mesh.fsdp, "tp": p.mesh.tp}, "microBatch": p.micro_batch,
-        "gradientAccumulation": p.train.grad_accumulation, "hbmPerChip": _memory(p.memory), "host": _host(p),
-        "run": p.run, "runDir": p.run_dir, "mergedDir": p.merged_dir if p.spec.merge.enabled else None,
-        "trainingJob": training.names(p)[0], "mergeJob": merge.name(p) if p.spec.merge.enabled else None,
-        "mergeMemoryGiB": p.merge_memory_gib, "pricePerChipHour": p.price_per_chip_hour,
-        "estimate": None if est is None else {
-            "steps": est.steps, "tokens": est.tokens, "hours": round(est.hours, 2),
-            "chipHours": round(est.chip_hours, 2), "cost": round(est.cost, 2),
+        "kind": "GemmaFineTune",
+        "name": p.name,
+        "namespace": p.namespace,
+        "model": p.model_label,
+        "slice": _slice(p),
+        "workload": "JobSet" if p.multi_host else "Job",
+        "mesh": {"fsdp": p.mesh.fsdp, "tp": p.mesh.tp},
+        "microBatch": p.micro_batch,
+        "gradientAccumulation": p.train.grad_accumulation,
+        "hbmPerChip": _memory(p.memory),
+        "host": _host(p),
+        "run": p.run,
+        "runDir": p.run_dir,
+        "mergedDir": p.merged_dir if p.spec.merge.enabled else None,
+        "trainingJob": training.names(p)[0],
+        "mergeJob": merge.name(p) if p.spec.merge.enabled else None,
+        "mergeMemoryGiB": p.merge_memory_gib,
+        "pricePerChipHour": p.price_per_chip_hour,
+        "estimate": None
+        if est is None
+        else {
+            "steps": est.steps,
+            "tokens": est.tokens,
+            "hours": round(est.hours, 2),
+            "chipHours": round(est.chip_hours, 2),
+            "cost": round(est.cost, 2),
         },
         "evaluation": evaluation_plan.describe(p.spec.evaluation, p.evaluation),
-    }  # fmt: skip
+    }
 
 
 def as_text(p: FineTunePlan | ServePlan) -> str:
@@ -118,9 +155,13 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
         ]
         return "\n".join(lines)
     est = d["estimate"]
-    estimate = "unknown (set training.steps and a model preset on a TPU)" if est is None else (
-        f"{est['steps']} steps, {est['tokens'] / 1e6:.1f} M tokens, {est['hours']:.1f} h, "
-        f"{est['chipHours']:.1f} chip-hours, ${est['cost']:.2f} at ${d['pricePerChipHour']:.2f}/chip-hour"
+    estimate = (
+        "unknown (set training.steps and a model preset on a TPU)"
+        if est is None
+        else (
+            f"{est['steps']} steps, {est['tokens'] / 1e6:.1f} M tokens, {est['hours']:.1f} h, "
+            f"{est['chipHours']:.1f} chip-hours, ${est['cost']:.2f} at ${d['pricePerChipHour']:.2f}/chip-hour"
+        )
     )
     lines = [
         f"GemmaFineTune {d['name']} (namespace {d['namespace']})",
@@ -133,7 +174,12 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
         *_host_text(d["host"]),
         f"  run:           {d['run']} -> {d['runDir']}",
         f"  estimate:      {estimate}",
-        *([f"  evaluation:    {evaluation_plan.text(d['evaluation'], d['pricePerChipHour'])}"] if d["evaluation"] else []),
-        "  merge:         " + (f"Job {d['mergeJob']} ({d['mergeMemoryGiB']} GiB) -> {d['mergedDir']}" if d["mergeJob"] else "disabled"),
+        *(
+            [f"  evaluation:    {evaluation_plan.text(d['evaluation'], d['pricePerChipHour'])}"]
+            if d["evaluation"]
+            else []
+        ),
+        "  merge:         "
+        + (f"Job {d['mergeJob']} ({d['mergeMemoryGiB']} GiB) -> {d['mergedDir']}" if d["mergeJob"] else "disabled"),
     ]
     return "\n".join(lines)

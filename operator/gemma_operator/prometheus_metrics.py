@@ -20,9 +20,7 @@ PHASE = Gauge("gemma_tpu_resources", "Resources by kind and phase.", ["kind", "p
 ACTIVE_CHIPS = Gauge(
     "gemma_tpu_active_chips", "TPU chips held by running training workloads.", ["accelerator"], registry=REGISTRY
 )
-CHIP_HOURS = Counter(
-    "gemma_tpu_chip_hours", "TPU chip-hours consumed by training.", ["accelerator"], registry=REGISTRY
-)
+CHIP_HOURS = Counter("gemma_tpu_chip_hours", "TPU chip-hours consumed by training.", ["accelerator"], registry=REGISTRY)
 
 
 class PhaseTracker:

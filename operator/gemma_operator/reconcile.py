@@ -69,8 +69,15 @@ class Controller:
                 return  # the resource was deleted while being reconciled: nothing left to do
             prometheus_metrics.RECONCILES.labels(kind, "error").inc()
             wait = self.retries.failed(key, e, lambda: self.reconcile(kind, namespace, name))
-            log.warning("reconcile of %s %s/%s failed, retrying in %.1f s: %s", kind, namespace, name, wait, e,
-                        exc_info=not isinstance(e, ApiError))  # fmt: skip
+            log.warning(
+                "reconcile of %s %s/%s failed, retrying in %.1f s: %s",
+                kind,
+                namespace,
+                name,
+                wait,
+                e,
+                exc_info=not isinstance(e, ApiError),
+            )
         else:
             self.retries.succeeded(key)
             prometheus_metrics.RECONCILES.labels(kind, "ok").inc()
@@ -134,7 +141,9 @@ class Controller:
         if status.get("run") and not same_run:
             selector = f"{common.FINETUNE_LABEL}={common.label_value(name)},{common.RUN_LABEL}!={plan.run}"
             for stale_kind in ("Job", "JobSet"):
-                view.stale += [{**w, "kind": stale_kind} for w in await self._list_or_empty(stale_kind, namespace, selector)]
+                view.stale += [
+                    {**w, "kind": stale_kind} for w in await self._list_or_empty(stale_kind, namespace, selector)
+                ]
         return view
 
     async def _list_or_empty(self, kind: str, namespace: str, selector: str) -> list[dict]:
@@ -152,8 +161,12 @@ class Controller:
     async def _progress(self, pods: list[dict]) -> Progress | None:
         """The latest progress line of the coordinating (index 0) training pod's log."""
         running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
-        running.sort(key=lambda p: (p["metadata"].get("labels", {}).get(COMPLETION_INDEX_LABEL, "0") != "0",
-                                    p["metadata"].get("creationTimestamp", "")))  # fmt: skip
+        running.sort(
+            key=lambda p: (
+                p["metadata"].get("labels", {}).get(COMPLETION_INDEX_LABEL, "0") != "0",
+                p["metadata"].get("creationTimestamp", ""),
+            )
+        )
         if not running:
             return None
         pod = running[0]["metadata"]
@@ -169,21 +182,39 @@ class Controller:
         ref = _fine_tune_ref(spec)
         fine_tune = await self.kube.get(api.FINETUNE.kind, namespace, ref) if ref else None
         model_uri = serve_lifecycle.resolve_model(ref, fine_tune, status, spec)
-        ft_preset = ((fine_tune or {}).get("spec") or {}).get("model", {}).get("preset") or (fine_tune or {}).get("status", {}).get("model")
+        ft_preset = ((fine_tune or {}).get("spec") or {}).get("model", {}).get("preset") or (fine_tune or {}).get(
+            "status", {}
+        ).get("model")
         plan, problems = None, []
         try:
-            plan = plan_serve(name, namespace, spec, self.settings, model_uri=model_uri, fine_tune_preset=ft_preset,
-                              labels=meta.get("labels"))  # fmt: skip
+            plan = plan_serve(
+                name,
+                namespace,
+                spec,
+                self.settings,
+                model_uri=model_uri,
+                fine_tune_preset=ft_preset,
+                labels=meta.get("labels"),
+            )
         except SpecError as e:
             problems = e.problems
         seen: Seen = {}
-        view = serve_lifecycle.ServeView(**_observed(body, api.SERVE), plan=plan, problems=problems, fine_tune_name=ref,
-                                    fine_tune=fine_tune)  # fmt: skip
+        view = serve_lifecycle.ServeView(
+            **_observed(body, api.SERVE), plan=plan, problems=problems, fine_tune_name=ref, fine_tune=fine_tune
+        )
         if plan is not None and plan.model_uri:
             m = plan.spec.metrics
-            view.missing = await self.addons.missing({kind: blocking for kind, blocking, needed in (
-                ("LeaderWorkerSet", True, plan.multi_host), ("PodMonitor", False, m.pod_monitor),
-                ("PodMonitoring", False, m.pod_monitoring)) if needed})  # fmt: skip
+            view.missing = await self.addons.missing(
+                {
+                    kind: blocking
+                    for kind, blocking, needed in (
+                        ("LeaderWorkerSet", True, plan.multi_host),
+                        ("PodMonitor", False, m.pod_monitor),
+                        ("PodMonitoring", False, m.pod_monitoring),
+                    )
+                    if needed
+                }
+            )
             wanted = "LeaderWorkerSet" if plan.multi_host else "Deployment"
             for kind in where(serving=True):
                 obj = seen[(kind, serving.name(plan))] = await self.kube.get(kind, namespace, serving.name(plan))
@@ -286,7 +317,9 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
 
     for kind in where(wakes_owner=True):
         group, _, version = KINDS[kind].api_version.rpartition("/")
-        kopf.on.event(group, version, KINDS[kind].plural, labels=managed, id=f"child-{KINDS[kind].plural}", registry=registry)(child_event)
+        kopf.on.event(
+            group, version, KINDS[kind].plural, labels=managed, id=f"child-{KINDS[kind].plural}", registry=registry
+        )(child_event)
 
     @kopf.on.startup(registry=registry)
     async def start_poller(memo: kopf.Memo, **_: Any) -> None:
@@ -301,8 +334,14 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
 def _observed(body: dict, kind: api.Kind) -> dict[str, Any]:
     """The ResourceView fields every lifecycle reads off its resource."""
     meta = body["metadata"]
-    return dict(name=meta["name"], namespace=meta["namespace"], generation=int(meta.get("generation") or 1),
-                status=body.get("status") or {}, owner=common.owner_reference(kind, meta["name"], meta["uid"]), now=now())  # fmt: skip
+    return dict(
+        name=meta["name"],
+        namespace=meta["namespace"],
+        generation=int(meta.get("generation") or 1),
+        status=body.get("status") or {},
+        owner=common.owner_reference(kind, meta["name"], meta["uid"]),
+        now=now(),
+    )
 
 
 def _fine_tune_ref(spec: dict) -> str | None:

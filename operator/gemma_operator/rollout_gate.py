@@ -73,11 +73,18 @@ def check(gate: list[api.GateCondition], run: dict[str, Any]) -> Verdict:
         if g.baseline is not None:
             base = m.get("baseline")
             if base is None:
-                return Verdict(False, "MetricMissing", f"run {rid}: {g.metric} has no base model figure "
-                               "(set spec.evaluation.baseline on the GemmaFineTune)")  # fmt: skip
+                return Verdict(
+                    False,
+                    "MetricMissing",
+                    f"run {rid}: {g.metric} has no base model figure "
+                    "(set spec.evaluation.baseline on the GemmaFineTune)",
+                )
             if not BASELINE[(g.metric in LOWER_IS_BETTER, g.baseline)](value, base):
-                return Verdict(False, "MetricFailed", f"run {rid}: {g.metric} {value:.4g} "
-                               f"{BASELINE_WORDS[g.baseline]} the base model's {base:.4g}")  # fmt: skip
+                return Verdict(
+                    False,
+                    "MetricFailed",
+                    f"run {rid}: {g.metric} {value:.4g} {BASELINE_WORDS[g.baseline]} the base model's {base:.4g}",
+                )
     passed = ", ".join(evaluation.summary([figures[g.metric]]) or g.metric for g in gate)
     return Verdict(True, "Passed", f"run {rid} passes the gate: {passed}")
 
@@ -149,8 +156,10 @@ def gate_problems(gate: list[api.GateCondition]) -> list[str]:
         wrong = "min" if lower and g.min is not None else "max" if not lower and g.max is not None else None
         if wrong:
             right, better = ("max", "lower") if lower else ("min", "higher")
-            out.append(f"spec.rollout.gate.{i}.{wrong}: {g.metric} is better {better}, so bound it with {right} "
-                       f"(or baseline), not {wrong}")  # fmt: skip
+            out.append(
+                f"spec.rollout.gate.{i}.{wrong}: {g.metric} is better {better}, so bound it with {right} "
+                f"(or baseline), not {wrong}"
+            )
     return out
 
 
@@ -159,7 +168,10 @@ def describe(gate: list[api.GateCondition]) -> str:
     words = {"better": "better than the base model", "noWorse": "no worse than the base model"}
     parts = []
     for g in gate:
-        bounds = [f">= {g.min:g}" if g.min is not None else "", f"<= {g.max:g}" if g.max is not None else "",
-                  words.get(g.baseline or "", "")]  # fmt: skip
+        bounds = [
+            f">= {g.min:g}" if g.min is not None else "",
+            f"<= {g.max:g}" if g.max is not None else "",
+            words.get(g.baseline or "", ""),
+        ]
         parts.append(f"{g.metric} " + " and ".join(b for b in bounds if b))
     return ", ".join(parts) or "none (every new output rolls out)"

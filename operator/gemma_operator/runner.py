@@ -95,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         stop_flag = None
         if args.leader_election_lease:  # wait for the Lease, then hold it while kopf runs
-            stop_flag = stack.enter_context(leader.leading(client, args.leader_election_lease, registry, args.liveness, lost))
+            stop_flag = stack.enter_context(
+                leader.leading(client, args.leader_election_lease, registry, args.liveness, lost)
+            )
         kopf.run(
             registry=registry,
             standalone=args.peering is None,
@@ -131,9 +133,13 @@ async def spawn(
         return kopf.ConnectionInfo(server=url.rstrip("/"), insecure=True)
 
     tasks = await kopf.spawn_tasks(
-        registry=registry, standalone=True, clusterwide=not namespaces, namespaces=namespaces,
-        stop_flag=stop, ready_flag=ready,
-    )  # fmt: skip
+        registry=registry,
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        stop_flag=stop,
+        ready_flag=ready,
+    )
     return controller, tasks
 
 

@@ -60,12 +60,17 @@ class TrainingHost(_Settings):
         description="Memory of a TPU VM by machine type; overrides the catalogue (tpu.HOST_MEMORY_GIB).",
     )
     memory_usable_fraction: Annotated[
-        float, Field(gt=0, le=1, description="Share of a host's memory a training pod may plan for "
-                     "(GKE keeps the rest for the system and the kubelet's eviction threshold).")
+        float,
+        Field(
+            gt=0,
+            le=1,
+            description="Share of a host's memory a training pod may plan for "
+            "(GKE keeps the rest for the system and the kubelet's eviction threshold).",
+        ),
     ] = 0.9
     runtime_memory: str = Field(
-        default="16Gi", description="Host memory of the trainer beside the weights: JAX/XLA runtime, "
-        "compilation, data pipeline.",
+        default="16Gi",
+        description="Host memory of the trainer beside the weights: JAX/XLA runtime, compilation, data pipeline.",
     )
     staging_volume: Literal["ephemeralVolume", "emptyDir"] = Field(
         default="ephemeralVolume",
@@ -73,19 +78,22 @@ class TrainingHost(_Settings):
         "from the model (ephemeralVolume), or the node's own disk (emptyDir, ephemeral-storage).",
     )
     staging_storage_class: str | None = Field(
-        default=None, description="StorageClass of the staging volume of merge Jobs, and of TPU "
+        default=None,
+        description="StorageClass of the staging volume of merge Jobs, and of TPU "
         "generations without an entry in staging_storage_classes; none: the cluster's default.",
     )
     staging_storage_classes: dict[str, str] = Field(
         # A TPU VM attaches only some disk types (v5p: Persistent Disk balanced; v6e: Hyperdisk
         # only), so one class rarely fits every generation.
-        default_factory=dict, description="StorageClass of the staging volume per TPU generation "
+        default_factory=dict,
+        description="StorageClass of the staging volume per TPU generation "
         "(v5p, v6e), e.g. {v6e: a Hyperdisk Balanced class}; WaitForFirstConsumer, so the disk is "
         "made in the zone of the slice.",
     )
     node_ephemeral_storage: str = Field(
         # GKE's node-sizing page shows a 100 GB boot disk leaving 47,060,071,478 bytes allocatable.
-        default="43Gi", description="Allocatable ephemeral storage of a training node (emptyDir "
+        default="43Gi",
+        description="Allocatable ephemeral storage of a training node (emptyDir "
         "staging); raise it with the node pool's --disk-size.",
     )
     unknown_model_size: str = Field(
@@ -118,12 +126,14 @@ class OperatorSettings(_Settings):
         "2x4 also matches the two-host ct6e-standard-4t shape.",
     )
     workload_user: int = Field(
-        default=65532, ge=1,
+        default=65532,
+        ge=1,
         description="uid and gid of the workloads image's USER: owner of the FUSE mounts it writes to.",
     )
     merge_fuse_sidecar_memory: str = Field(
         # The driver's default is 256Mi; what writing two multi-GB files needs was not measured.
-        default="1Gi", description="gke-gcsfuse/memory-limit of the merge's Cloud Storage FUSE sidecar.",
+        default="1Gi",
+        description="gke-gcsfuse/memory-limit of the merge's Cloud Storage FUSE sidecar.",
     )
     workload_service_account: str | None = Field(
         default=None, description="ServiceAccount for workload pods when a CR names none."

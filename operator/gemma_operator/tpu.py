@@ -90,23 +90,43 @@ def _v6e(topology: str) -> Slice:
 
 
 _V5P_TOPOLOGIES = [
-    "2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8",
-    "8x8x8", "8x8x16", "8x16x16", "16x16x16", "16x16x24",
-]  # fmt: skip
+    "2x2x1",
+    "2x2x2",
+    "2x2x4",
+    "2x4x4",
+    "4x4x4",
+    "4x4x8",
+    "4x8x8",
+    "8x8x8",
+    "8x8x16",
+    "8x16x16",
+    "16x16x16",
+    "16x16x24",
+]
 _V6E_TOPOLOGIES = ["1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"]
 
 GENERATIONS: dict[str, Generation] = {
     "v5p": Generation(
-        "v5p", "tpu-v5p-slice", hbm_gib_per_chip=95.0, peak_bf16_tflops=459.0, cores_per_chip=2,
-        default_topology="2x2x1", disk_types=("pd-balanced", "hyperdisk-ml"),
+        "v5p",
+        "tpu-v5p-slice",
+        hbm_gib_per_chip=95.0,
+        peak_bf16_tflops=459.0,
+        cores_per_chip=2,
+        default_topology="2x2x1",
+        disk_types=("pd-balanced", "hyperdisk-ml"),
         slices={t: _v5p(t) for t in _V5P_TOPOLOGIES},
     ),
     "v6e": Generation(
-        "v6e", "tpu-v6e-slice", hbm_gib_per_chip=32.0, peak_bf16_tflops=918.0, cores_per_chip=1,
-        default_topology="2x4", disk_types=("hyperdisk-balanced", "hyperdisk-ml"),
+        "v6e",
+        "tpu-v6e-slice",
+        hbm_gib_per_chip=32.0,
+        peak_bf16_tflops=918.0,
+        cores_per_chip=1,
+        default_topology="2x4",
+        disk_types=("hyperdisk-balanced", "hyperdisk-ml"),
         slices={t: _v6e(t) for t in _V6E_TOPOLOGIES},
     ),
-}  # fmt: skip
+}
 
 # Host memory of a TPU VM by machine type, where a source gives it: 1536 GiB per 8-chip v6e host
 # (v6e docs). The others are operator settings (settings.TrainingHost.memory), not facts here.

@@ -23,8 +23,12 @@ IMAGE = "local/python"
 @pytest_asyncio.fixture
 async def node(apiserver, tmp_path):
     kube = Kube.from_url(str(apiserver.url), LOCAL_KINDS, user_agent="gemma-tpu-node")
-    agent = NodeAgent(kube, apiserver, Node(tmp_path / "node", {IMAGE: Path(sys.executable).parent}, {"data": tmp_path / "pvc"}),
-                      interval=0.05)  # fmt: skip
+    agent = NodeAgent(
+        kube,
+        apiserver,
+        Node(tmp_path / "node", {IMAGE: Path(sys.executable).parent}, {"data": tmp_path / "pvc"}),
+        interval=0.05,
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     yield agent
@@ -33,8 +37,13 @@ async def node(apiserver, tmp_path):
 
 
 def job(name, script, *, backoff=2, policy=True, extra=None):
-    container = {"name": "trainer", "image": IMAGE, "command": ["python", "-c", script],
-                 "terminationMessagePolicy": "FallbackToLogsOnError", **(extra or {})}  # fmt: skip
+    container = {
+        "name": "trainer",
+        "image": IMAGE,
+        "command": ["python", "-c", script],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        **(extra or {}),
+    }
     spec = {"backoffLimit": backoff, "template": {"spec": {"restartPolicy": "Never", "containers": [container]}}}
     if policy:
         spec["podFailurePolicy"] = job_pod_failure_policy("trainer")
@@ -44,7 +53,14 @@ def job(name, script, *, backoff=2, policy=True, extra=None):
 async def job_done(cluster, name, timeout=20):
     async def done():
         j = await cluster.get("Job", NS, name)
-        return j if any(c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in (j.get("status") or {}).get("conditions") or []) else None
+        return (
+            j
+            if any(
+                c["type"] in ("Complete", "Failed") and c["status"] == "True"
+                for c in (j.get("status") or {}).get("conditions") or []
+            )
+            else None
+        )
 
     return await cluster.wait_for(done, timeout, f"Job {name} finished")
 
@@ -55,14 +71,28 @@ async def pods_of(cluster, name):
 
 async def test_a_job_succeeds_with_its_termination_message_and_logs(apiserver, node):
     cluster = Cluster(apiserver)
-    await cluster.kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg", "namespace": NS},
-                               "data": {"c.json": json.dumps({"out": "/data/result.txt", "log": "/dev/termination-log"})}})  # fmt: skip
-    script = ("import json; c = json.load(open('/etc/cfg/c.json')); open(c['out'], 'w').write('done'); "
-              "print('step 1, wrote', c['out'], flush=True); "
-              "open(c['log'], 'w').write(json.dumps({'status': 'succeeded', 'step': 1, 'output': c['out']}))")
-    j = job("ok", script, extra={"volumeMounts": [{"name": "cfg", "mountPath": "/etc/cfg"}, {"name": "data", "mountPath": "/data"}]})
-    j["spec"]["template"]["spec"]["volumes"] = [{"name": "cfg", "configMap": {"name": "cfg"}},
-                                                {"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]  # fmt: skip
+    await cluster.kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "cfg", "namespace": NS},
+            "data": {"c.json": json.dumps({"out": "/data/result.txt", "log": "/dev/termination-log"})},
+        }
+    )
+    script = (
+        "import json; c = json.load(open('/etc/cfg/c.json')); open(c['out'], 'w').write('done'); "
+        "print('step 1, wrote', c['out'], flush=True); "
+        "open(c['log'], 'w').write(json.dumps({'status': 'succeeded', 'step': 1, 'output': c['out']}))"
+    )
+    j = job(
+        "ok",
+        script,
+        extra={"volumeMounts": [{"name": "cfg", "mountPath": "/etc/cfg"}, {"name": "data", "mountPath": "/data"}]},
+    )
+    j["spec"]["template"]["spec"]["volumes"] = [
+        {"name": "cfg", "configMap": {"name": "cfg"}},
+        {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+    ]
     await cluster.apply(j)
     done = await job_done(cluster, "ok")
     assert done["status"]["succeeded"] == 1 and done["status"]["completionTime"]
@@ -88,13 +118,17 @@ async def test_pod_failure_policy_decides_retry_or_fail(apiserver, node):
     failed = await job_done(cluster, "oom")
     assert next(c for c in failed["status"]["conditions"] if c["type"] == "Failed")["reason"] == "BackoffLimitExceeded"
     pods = await pods_of(cluster, "oom")
-    assert len(pods) == 2 and {p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] for p in pods} == {137}
+    assert len(pods) == 2 and {
+        p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] for p in pods
+    } == {137}
 
 
 async def test_preemption_exit_is_restarted_without_counting(apiserver, node, tmp_path):
     cluster = Cluster(apiserver)
     flag = tmp_path / "preempted-once"
-    script = f"import os, sys, pathlib; p = pathlib.Path({str(flag)!r}); sys.exit(0 if p.exists() else (p.touch() or 42))"
+    script = (
+        f"import os, sys, pathlib; p = pathlib.Path({str(flag)!r}); sys.exit(0 if p.exists() else (p.touch() or 42))"
+    )
     await cluster.apply(job("pre", script, backoff=0))
     done = await job_done(cluster, "pre")
     assert done["status"]["succeeded"] == 1 and done["status"]["failed"] == 0
@@ -138,19 +172,39 @@ async def _no_pods(cluster, name):
 async def test_a_deployment_gets_ready_behind_its_probe_and_rolls(apiserver, node):
     cluster = Cluster(apiserver)
     server = "import http.server, sys; http.server.HTTPServer(('127.0.0.1', int(sys.argv[1].split('=')[1])), http.server.SimpleHTTPRequestHandler).serve_forever()"
-    container = {"name": "web", "image": IMAGE, "command": ["python", "-c", server], "args": ["--port=8000"],
-                 "ports": [{"containerPort": 8000}], "readinessProbe": {"httpGet": {"path": "/", "port": 8000}}}  # fmt: skip
-    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": NS},
-           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
-                    "template": {"metadata": {"labels": {"app": "web"}, "annotations": {"rev": "1"}}, "spec": {"containers": [container]}}}}  # fmt: skip
+    container = {
+        "name": "web",
+        "image": IMAGE,
+        "command": ["python", "-c", server],
+        "args": ["--port=8000"],
+        "ports": [{"containerPort": 8000}],
+        "readinessProbe": {"httpGet": {"path": "/", "port": 8000}},
+    }
+    dep = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}, "annotations": {"rev": "1"}},
+                "spec": {"containers": [container]},
+            },
+        },
+    }
     await cluster.apply(dep)
     ready = await cluster.wait_for(lambda: _ready_deployment(cluster, "1"), timeout=20, message="ready")
     assert ready["status"]["updatedReplicas"] == 1
     [pod] = await cluster.kube.list("Pod", NS, "app=web")
     port = int(pod["metadata"]["annotations"]["gemma-tpu.dev/host-port"])
-    status, _ = await asyncio.to_thread(lambda: (__import__("urllib.request").request.urlopen(f"http://127.0.0.1:{port}/").status, 0))
+    status, _ = await asyncio.to_thread(
+        lambda: (__import__("urllib.request").request.urlopen(f"http://127.0.0.1:{port}/").status, 0)
+    )
     assert status == 200, "the container port is served on the pod's host port"
-    await cluster.kube.patch("Deployment", NS, "web", {"spec": {"template": {"metadata": {"annotations": {"rev": "2"}}}}})
+    await cluster.kube.patch(
+        "Deployment", NS, "web", {"spec": {"template": {"metadata": {"annotations": {"rev": "2"}}}}}
+    )
     await cluster.wait_for(lambda: _ready_deployment(cluster, "2"), timeout=20, message="rolled")
     [pod2] = await cluster.kube.list("Pod", NS, "app=web")
     assert pod2["metadata"]["name"] != pod["metadata"]["name"] and pod2["metadata"]["annotations"]["rev"] == "2"
@@ -159,7 +213,11 @@ async def test_a_deployment_gets_ready_behind_its_probe_and_rolls(apiserver, nod
 async def _ready_deployment(cluster, rev):
     dep = await cluster.get("Deployment", NS, "web")
     pods = await cluster.kube.list("Pod", NS, "app=web")
-    ok = (dep.get("status") or {}).get("readyReplicas") == 1 and len(pods) == 1 and pods[0]["metadata"]["annotations"]["rev"] == rev
+    ok = (
+        (dep.get("status") or {}).get("readyReplicas") == 1
+        and len(pods) == 1
+        and pods[0]["metadata"]["annotations"]["rev"] == rev
+    )
     return dep if ok and (dep["status"] or {}).get("updatedReplicas") == 1 else None
 
 
@@ -180,12 +238,24 @@ def test_failure_policy_table():
 
 def test_mount_translation_and_missing_volumes(tmp_path):
     m = Mounts({"/data": Path("/L/d"), "/dev/termination-log": Path("/L/t")})
-    assert m.translate('{"a": "/data/x", "b": "/database", "c": "/x/data"} --model=/data') == '{"a": "/L/d/x", "b": "/database", "c": "/x/data"} --model=/L/d'
+    assert (
+        m.translate('{"a": "/data/x", "b": "/database", "c": "/x/data"} --model=/data')
+        == '{"a": "/L/d/x", "b": "/database", "c": "/x/data"} --model=/L/d'
+    )
     nested = Mounts({"/data": Path("/tmp/x/data"), "/tmp": Path("/L/tmp")})
     assert nested.translate("--model=/data/m /tmp/f") == "--model=/tmp/x/data/m /L/tmp/f", "one pass: no double rewrite"
-    assert nested.untranslate("saved /tmp/x/data/m and /L/tmp/f, not /L/tmpfoo") == "saved /data/m and /tmp/f, not /L/tmpfoo"
-    pod = {"spec": {"volumes": [{"name": "v", "csi": {"driver": "gcsfuse.csi.storage.gke.io"}},
-                                {"name": "p", "persistentVolumeClaim": {"claimName": "other"}}]}}  # fmt: skip
+    assert (
+        nested.untranslate("saved /tmp/x/data/m and /L/tmp/f, not /L/tmpfoo")
+        == "saved /data/m and /tmp/f, not /L/tmpfoo"
+    )
+    pod = {
+        "spec": {
+            "volumes": [
+                {"name": "v", "csi": {"driver": "gcsfuse.csi.storage.gke.io"}},
+                {"name": "p", "persistentVolumeClaim": {"claimName": "other"}},
+            ]
+        }
+    }
     with pytest.raises(VolumeError, match="csi volumes are not available on the local node"):
         materialize(pod, {"volumeMounts": [{"name": "v", "mountPath": "/m"}]}, tmp_path, {}, {}, {})
     with pytest.raises(VolumeError, match='persistentvolumeclaim "other" is not provided by this node'):
@@ -194,10 +264,21 @@ def test_mount_translation_and_missing_volumes(tmp_path):
 
 async def test_a_crashing_server_loops_in_place_like_on_a_node(apiserver, node):
     cluster = Cluster(apiserver)
-    container = {"name": "web", "image": IMAGE, "command": ["python", "-c", "import sys; print('bad flag'); sys.exit(3)"]}
-    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "crash", "namespace": NS},
-           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "crash"}},
-                    "template": {"metadata": {"labels": {"app": "crash"}}, "spec": {"containers": [container]}}}}  # fmt: skip
+    container = {
+        "name": "web",
+        "image": IMAGE,
+        "command": ["python", "-c", "import sys; print('bad flag'); sys.exit(3)"],
+    }
+    dep = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "crash", "namespace": NS},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "crash"}},
+            "template": {"metadata": {"labels": {"app": "crash"}}, "spec": {"containers": [container]}},
+        },
+    }
     await cluster.apply(dep)
 
     async def looping():

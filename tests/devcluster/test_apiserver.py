@@ -25,24 +25,47 @@ async def test_metadata_status_split_generation_and_pruning(apiserver):
     obj = finetune("a").obj()
     obj["spec"]["unknownField"] = 1
     obj["status"] = {"phase": "Succeeded"}
-    created = await call(api.create_namespaced_custom_object, "gemma-tpu.dev", "v1alpha1", "default", "gemmafinetunes", obj)
+    created = await call(
+        api.create_namespaced_custom_object, "gemma-tpu.dev", "v1alpha1", "default", "gemmafinetunes", obj
+    )
     meta = created["metadata"]
     assert meta["uid"] and meta["generation"] == 1 and int(meta["resourceVersion"]) > 0
     assert "status" not in created, "status is ignored on create"
     assert "unknownField" not in created["spec"], "unknown fields are pruned"
     assert created["spec"]["lora"]["rank"] == 16, "schema defaults are applied"
 
-    patched = await call(api.patch_namespaced_custom_object, "gemma-tpu.dev", "v1alpha1", "default", "gemmafinetunes", "a",
-                         {"spec": {"suspend": True}, "status": {"phase": "Failed"}})  # fmt: skip
+    patched = await call(
+        api.patch_namespaced_custom_object,
+        "gemma-tpu.dev",
+        "v1alpha1",
+        "default",
+        "gemmafinetunes",
+        "a",
+        {"spec": {"suspend": True}, "status": {"phase": "Failed"}},
+    )
     assert patched["metadata"]["generation"] == 2 and "status" not in patched
-    st = await call(api.patch_namespaced_custom_object_status, "gemma-tpu.dev", "v1alpha1", "default", "gemmafinetunes", "a",
-                    {"status": {"phase": "Training", "notInSchema": 1}, "spec": {"suspend": False}})  # fmt: skip
+    st = await call(
+        api.patch_namespaced_custom_object_status,
+        "gemma-tpu.dev",
+        "v1alpha1",
+        "default",
+        "gemmafinetunes",
+        "a",
+        {"status": {"phase": "Training", "notInSchema": 1}, "spec": {"suspend": False}},
+    )
     assert st["status"] == {"phase": "Training", "conditions": []} or st["status"]["phase"] == "Training"
     assert "notInSchema" not in st["status"] and st["spec"]["suspend"] is True
     assert st["metadata"]["generation"] == 2
 
     with pytest.raises(ApiException) as e:
-        await call(api.create_namespaced_custom_object, "gemma-tpu.dev", "v1alpha1", "default", "gemmafinetunes", finetune("a").obj())
+        await call(
+            api.create_namespaced_custom_object,
+            "gemma-tpu.dev",
+            "v1alpha1",
+            "default",
+            "gemmafinetunes",
+            finetune("a").obj(),
+        )
     assert e.value.status == 409
     bad = finetune("b").obj()
     bad["spec"]["lora"] = {"rank": 0}
@@ -72,15 +95,23 @@ async def test_watch_resumes_from_a_resource_version_and_filters_labels(apiserve
 
     def watch():
         w = kubernetes.watch.Watch()
-        return [(e["type"], e["object"].metadata.name)
-                for e in w.stream(core.list_namespaced_config_map, "default", resource_version=rv, label_selector="x=1", timeout_seconds=1)]  # fmt: skip
+        return [
+            (e["type"], e["object"].metadata.name)
+            for e in w.stream(
+                core.list_namespaced_config_map, "default", resource_version=rv, label_selector="x=1", timeout_seconds=1
+            )
+        ]
 
     assert await asyncio.to_thread(watch) == [("ADDED", "b")]
 
 
 async def test_pod_logs(apiserver):
     core = kubernetes.client.CoreV1Api(client(apiserver))
-    await call(core.create_namespaced_pod, "default", {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    await call(
+        core.create_namespaced_pod,
+        "default",
+        {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+    )
     apiserver.pod_logs[("default", "p")] = "one\ntwo\nthree\n"
     assert await call(core.read_namespaced_pod_log, "p", "default", tail_lines=2) == "two\nthree\n"
 
@@ -89,16 +120,37 @@ def test_selector_and_merge_patch_semantics():
     labels = {"a": "1", "b": "2"}
     assert label_selector_matches("a=1,b", labels) and label_selector_matches("a in (1,3),!c", labels)
     assert not label_selector_matches("a!=1", labels) and not label_selector_matches("c notin (1),c", labels)
-    assert merge_patch({"a": {"b": 1, "c": 2}, "d": [1]}, {"a": {"b": None, "e": 3}, "d": [2]}) == {"a": {"c": 2, "e": 3}, "d": [2]}
+    assert merge_patch({"a": {"b": 1, "c": 2}, "d": [1]}, {"a": {"b": None, "e": 3}, "d": [2]}) == {
+        "a": {"c": 2, "e": 3},
+        "d": [2],
+    }
 
 
 async def test_kubectl_get_gets_the_printer_columns(apiserver):
     api = kubernetes.client.CustomObjectsApi(client(apiserver))
-    await call(api.create_namespaced_custom_object, "gemma-tpu.dev", "v1alpha1", "default", "gemmafinetunes", finetune("a").obj())
-    await call(api.patch_namespaced_custom_object_status, "gemma-tpu.dev", "v1alpha1", "default", "gemmafinetunes", "a",
-               {"status": {"phase": "Training", "progress": {"step": 3, "totalSteps": 10}}})  # fmt: skip
-    raw = await call(client(apiserver).call_api, "GET", f"{str(apiserver.url).rstrip('/')}/apis/gemma-tpu.dev/v1alpha1/namespaces/default/gemmafinetunes",
-                     header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"})  # fmt: skip
+    await call(
+        api.create_namespaced_custom_object,
+        "gemma-tpu.dev",
+        "v1alpha1",
+        "default",
+        "gemmafinetunes",
+        finetune("a").obj(),
+    )
+    await call(
+        api.patch_namespaced_custom_object_status,
+        "gemma-tpu.dev",
+        "v1alpha1",
+        "default",
+        "gemmafinetunes",
+        "a",
+        {"status": {"phase": "Training", "progress": {"step": 3, "totalSteps": 10}}},
+    )
+    raw = await call(
+        client(apiserver).call_api,
+        "GET",
+        f"{str(apiserver.url).rstrip('/')}/apis/gemma-tpu.dev/v1alpha1/namespaces/default/gemmafinetunes",
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+    )
     raw.read()
     table = __import__("json").loads(raw.data)
     names = [c["name"] for c in table["columnDefinitions"]]

@@ -35,7 +35,11 @@ async def test_discovery_has_the_api_servers_shape(apiserver):
     assert core["groupVersion"] == "v1", "the core group is plain v1"
     by_name = {r["name"]: r for r in core["resources"]}
     assert by_name["pods"]["shortNames"] == ["po"] and "all" in by_name["pods"]["categories"]
-    assert by_name["pods/status"]["shortNames"] == [] and sorted(by_name["pods/status"]["verbs"]) == ["get", "patch", "update"]
+    assert by_name["pods/status"]["shortNames"] == [] and sorted(by_name["pods/status"]["verbs"]) == [
+        "get",
+        "patch",
+        "update",
+    ]
     assert by_name["pods/log"]["verbs"] == ["get"]
     ours = await asyncio.to_thread(get, apiserver, "/apis/gemma-tpu.dev/v1alpha1")
     by_name = {r["name"]: r for r in ours["resources"]}
@@ -48,15 +52,28 @@ async def test_discovery_has_the_api_servers_shape(apiserver):
 async def test_tables_print_ages_and_the_crd_columns(apiserver):
     cluster = Cluster(apiserver)
     await cluster.apply(finetune("ft").obj())
-    table = await asyncio.to_thread(get, apiserver, "/apis/gemma-tpu.dev/v1alpha1/namespaces/default/gemmafinetunes", TABLE)
+    table = await asyncio.to_thread(
+        get, apiserver, "/apis/gemma-tpu.dev/v1alpha1/namespaces/default/gemmafinetunes", TABLE
+    )
     names = [c["name"] for c in table["columnDefinitions"]]
     assert names[0] == "Name" and "Phase" in names and names[-1] == "Age"
     [row] = table["rows"]
     assert row["cells"][0] == "ft" and row["cells"][-1] in ("0s", "1s", "2s"), row["cells"]
 
 
-@pytest.mark.parametrize("seconds,text", [(5, "5s"), (119, "119s"), (150, "2m30s"), (600, "10m"), (3 * 3600 + 120, "3h2m"),
-                                          (30 * 3600, "30h"), (3 * 86400 + 3600, "3d1h"), (40 * 86400, "40d")])  # fmt: skip
+@pytest.mark.parametrize(
+    "seconds,text",
+    [
+        (5, "5s"),
+        (119, "119s"),
+        (150, "2m30s"),
+        (600, "10m"),
+        (3 * 3600 + 120, "3h2m"),
+        (30 * 3600, "30h"),
+        (3 * 86400 + 3600, "3d1h"),
+        (40 * 86400, "40d"),
+    ],
+)
 def test_human_duration_matches_kubernetes(seconds, text):
     assert human_duration(datetime.timedelta(seconds=seconds)) == text
 
@@ -76,9 +93,17 @@ def kubectl_for(apiserver, tmp_path):
 async def test_kubectl_gets_our_kinds_and_the_built_in_ones(apiserver, tmp_path):
     cluster = Cluster(apiserver)
     await cluster.apply(finetune("ft").obj())
-    await cluster.apply({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "ft.1", "namespace": "default"},
-                         "involvedObject": {"kind": "GemmaFineTune", "name": "ft"}, "type": "Normal", "reason": "Created",
-                         "message": "created the training Job"})  # fmt: skip
+    await cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": "ft.1", "namespace": "default"},
+            "involvedObject": {"kind": "GemmaFineTune", "name": "ft"},
+            "type": "Normal",
+            "reason": "Created",
+            "message": "created the training Job",
+        }
+    )
     kubectl = kubectl_for(apiserver, tmp_path)
 
     done = await asyncio.to_thread(kubectl, "get", "gft,gsv,po,deploy,svc,jobs,cm")
@@ -87,11 +112,23 @@ async def test_kubectl_gets_our_kinds_and_the_built_in_ones(apiserver, tmp_path)
     events = await asyncio.to_thread(kubectl, "get", "events")
     assert events.returncode == 0 and "created the training Job" in events.stdout, events.stdout + events.stderr
 
-    job = await cluster.apply({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": "default"},
-                               "spec": {"template": {"spec": {"containers": [{"name": "trainer", "image": "x"}]}}}})  # fmt: skip
+    job = await cluster.apply(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "train", "namespace": "default"},
+            "spec": {"template": {"spec": {"containers": [{"name": "trainer", "image": "x"}]}}},
+        }
+    )
     for name, labels in (("other", {"app": "vllm"}), ("train-abcde", job["spec"]["template"]["metadata"]["labels"])):
-        await cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "labels": labels},
-                             "spec": {"containers": [{"name": "trainer", "image": "x"}]}})  # fmt: skip
+        await cluster.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": "default", "labels": labels},
+                "spec": {"containers": [{"name": "trainer", "image": "x"}]},
+            }
+        )
         apiserver.pod_logs[("default", name)] = f"log of {name}\n"
     logs = await asyncio.to_thread(kubectl, "logs", "job/train")
     assert logs.returncode == 0 and logs.stdout == "log of train-abcde\n", logs.stdout + logs.stderr
@@ -99,8 +136,12 @@ async def test_kubectl_gets_our_kinds_and_the_built_in_ones(apiserver, tmp_path)
 
 async def test_a_new_job_selects_its_own_pods_by_uid(apiserver):
     cluster = Cluster(apiserver)
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "default"},
-           "spec": {"template": {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": []}}}}  # fmt: skip
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j", "namespace": "default"},
+        "spec": {"template": {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": []}}},
+    }
     created = await cluster.apply(job)
     uid = created["metadata"]["uid"]
     assert created["spec"]["selector"] == {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
@@ -122,8 +163,9 @@ async def test_kubectl_wait_for_ready_returns_for_both_kinds_once_they_are_done(
         await cluster.phase("GemmaFineTune", "default", "ft", "Training")
         early = await asyncio.to_thread(kubectl, "wait", "--for=condition=Ready", "gft/ft", "gsv/chat", "--timeout=1s")
         assert early.returncode != 0 and "timed out" in early.stderr, "neither is ready yet"
-        waiting = asyncio.create_task(asyncio.to_thread(kubectl, "wait", "--for=condition=Ready", "gft/ft", "gsv/chat",
-                                                        "--timeout=30s"))  # fmt: skip
+        waiting = asyncio.create_task(
+            asyncio.to_thread(kubectl, "wait", "--for=condition=Ready", "gft/ft", "gsv/chat", "--timeout=30s")
+        )
         await cluster.job_succeeded(job_ns, job, {"status": "succeeded", "step": 100, "total_steps": 100})
         await cluster.wait_for(lambda: cluster.get("Deployment", "default", "chat-vllm"), message="Deployment")
         await cluster.deployment_ready("default", "chat-vllm")

@@ -53,8 +53,13 @@ async def _until(check, task: asyncio.Task, what: str, timeout: float = 600):
 
 def kubectl_wait_ready(config: Path, home: Path) -> subprocess.CompletedProcess:
     names = ["gft/tiny-capitals", "gsv/tiny-capitals"]
-    return subprocess.run([KUBECTL, "wait", "--for=condition=Ready", *names, "-n", "default", "--timeout=600s"],
-                          capture_output=True, text=True, env={"KUBECONFIG": str(config), "HOME": str(home)}, timeout=660)  # fmt: skip
+    return subprocess.run(
+        [KUBECTL, "wait", "--for=condition=Ready", *names, "-n", "default", "--timeout=600s"],
+        capture_output=True,
+        text=True,
+        env={"KUBECONFIG": str(config), "HOME": str(home)},
+        timeout=660,
+    )
 
 
 async def ask_live_servers(config: Path) -> dict[str, str]:
@@ -69,8 +74,14 @@ async def ask_live_servers(config: Path) -> dict[str, str]:
 
 async def test_dev_trains_merges_serves_and_answers_every_question_right(tmp_path, capsys):
     workdir = tmp_path / "demo"
-    args = argparse.Namespace(workdir=str(workdir), examples=str(ROOT / "examples" / "quickstart"),
-                              vllm_python=VLLM_PYTHON, port=0, timeout=600, keep_running=True)  # fmt: skip
+    args = argparse.Namespace(
+        workdir=str(workdir),
+        examples=str(ROOT / "examples" / "quickstart"),
+        vllm_python=VLLM_PYTHON,
+        port=0,
+        timeout=600,
+        keep_running=True,
+    )
     stop = asyncio.Event()
     demo = asyncio.create_task(dev.run(args, stop))
     try:
@@ -89,7 +100,9 @@ async def test_dev_trains_merges_serves_and_answers_every_question_right(tmp_pat
     for line in (out.data_dir / "capitals.jsonl").read_text().splitlines():
         user, model = json.loads(line)["messages"]
         dataset[user["content"]] = model["content"]
-    assert [a.question for a in out.answers] == [q for q, _ in dev.QUESTIONS] and len(out.answers) == len(tiny.COUNTRIES)
+    assert [a.question for a in out.answers] == [q for q, _ in dev.QUESTIONS] and len(out.answers) == len(
+        tiny.COUNTRIES
+    )
     for a in out.answers:
         assert a.expected == dataset[a.question], "the demo checks against what the model was trained on"
         assert a.fine_tuned.strip() == asked[a.question].strip(), "the live server answers what the demo printed"
@@ -104,7 +117,9 @@ async def test_dev_trains_merges_serves_and_answers_every_question_right(tmp_pat
     gate = {c["type"]: c for c in out.serve["status"]["conditions"]}["GatePassed"]
     assert gate["status"] == "True", gate
 
-    steps = yaml.safe_load((ROOT / "examples" / "quickstart" / "finetune.yaml").read_text())["spec"]["training"]["steps"]
+    steps = yaml.safe_load((ROOT / "examples" / "quickstart" / "finetune.yaml").read_text())["spec"]["training"][
+        "steps"
+    ]
     ft = out.fine_tune["status"]
     assert ft["phase"] == "Succeeded" and ft["progress"]["step"] == steps
     assert out.serve["status"]["phase"] == "Ready" and out.serve["status"]["readyReplicas"] == 1

@@ -51,10 +51,23 @@ def test_ctrl_c_while_training_stops_every_process_and_frees_the_port(tmp_path):
     examples.mkdir()
     shutil.copy(ROOT / "examples" / "quickstart" / "finetune.yaml", examples)  # no vLLM needed before Ctrl-C
     proc = subprocess.Popen(
-        [str(GEMMA_TPU), "dev", "--workdir", str(workdir), "--vllm-python", sys.executable, "--timeout", "300",
-         "--examples", str(examples)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            str(GEMMA_TPU),
+            "dev",
+            "--workdir",
+            str(workdir),
+            "--vllm-python",
+            sys.executable,
+            "--timeout",
+            "300",
+            "--examples",
+            str(examples),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         m, _ = _wait_for_line(proc, r"local cluster at http://127\.0\.0\.1:(\d+)", 120)
         port = int(m.group(1))

@@ -62,30 +62,62 @@ def make_data(data: Path) -> None:
         wrong.append(json.dumps(row) + "\n")
     (data / "wrong.jsonl").write_text("".join(wrong))
     question = tiny.QUESTIONS[0]
-    (data / "eval.jsonl").write_text("".join(json.dumps({"messages": [
-        {"role": "user", "content": question.format(c=country)},
-        {"role": "assistant", "content": f"The capital of {country} is {city}."}]}) + "\n"
-        for country, city in tiny.COUNTRIES.items()))  # fmt: skip
+    (data / "eval.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": question.format(c=country)},
+                        {"role": "assistant", "content": f"The capital of {country} is {city}."},
+                    ]
+                }
+            )
+            + "\n"
+            for country, city in tiny.COUNTRIES.items()
+        )
+    )
 
 
 def fine_tune(dataset: str, steps: int) -> dict:
     """examples/quickstart's recipe, with an evaluation on the eval file."""
-    return {"apiVersion": "gemma-tpu.dev/v1alpha1", "kind": "GemmaFineTune", "metadata": {"name": "capitals", "namespace": NS},
-            "spec": {"model": {"uri": "/data/tiny-gemma4", "preset": "tiny", "dtype": "float32"},
-                     "dataset": {"uri": f"/data/{dataset}", "format": "chat", "maxSeqLen": 112, "packing": True},
-                     "lora": {"rank": 16, "alpha": 32},
-                     "training": {"steps": steps, "batchSize": 8, "microBatchSize": 8, "learningRate": 1.0e-2,
-                                  "warmupSteps": 5, "checkpointEvery": steps, "logEvery": 10,
-                                  "gradientCheckpointing": False},
-                     "evaluation": {"uri": "/data/eval.jsonl", "maxRows": 8, "maxNewTokens": 16},
-                     "tpu": {"accelerator": "cpu"}, "storage": {"persistentVolumeClaim": CLAIM, "mountPath": "/data"},
-                     "output": {"uri": "/data/runs/capitals"}}}  # fmt: skip
+    return {
+        "apiVersion": "gemma-tpu.dev/v1alpha1",
+        "kind": "GemmaFineTune",
+        "metadata": {"name": "capitals", "namespace": NS},
+        "spec": {
+            "model": {"uri": "/data/tiny-gemma4", "preset": "tiny", "dtype": "float32"},
+            "dataset": {"uri": f"/data/{dataset}", "format": "chat", "maxSeqLen": 112, "packing": True},
+            "lora": {"rank": 16, "alpha": 32},
+            "training": {
+                "steps": steps,
+                "batchSize": 8,
+                "microBatchSize": 8,
+                "learningRate": 1.0e-2,
+                "warmupSteps": 5,
+                "checkpointEvery": steps,
+                "logEvery": 10,
+                "gradientCheckpointing": False,
+            },
+            "evaluation": {"uri": "/data/eval.jsonl", "maxRows": 8, "maxNewTokens": 16},
+            "tpu": {"accelerator": "cpu"},
+            "storage": {"persistentVolumeClaim": CLAIM, "mountPath": "/data"},
+            "output": {"uri": "/data/runs/capitals"},
+        },
+    }
 
 
-SERVE = {"apiVersion": "gemma-tpu.dev/v1alpha1", "kind": "GemmaServe", "metadata": {"name": "capitals", "namespace": NS},
-         "spec": {"model": {"fineTuneRef": {"name": "capitals"}}, "tpu": {"accelerator": "cpu"},
-                  "vllm": {"maxModelLen": 256, "maxNumSeqs": 4}, "rollout": {"gate": GATE},
-                  "storage": {"persistentVolumeClaim": CLAIM, "mountPath": "/data"}}}  # fmt: skip
+SERVE = {
+    "apiVersion": "gemma-tpu.dev/v1alpha1",
+    "kind": "GemmaServe",
+    "metadata": {"name": "capitals", "namespace": NS},
+    "spec": {
+        "model": {"fineTuneRef": {"name": "capitals"}},
+        "tpu": {"accelerator": "cpu"},
+        "vllm": {"maxModelLen": 256, "maxNumSeqs": 4},
+        "rollout": {"gate": GATE},
+        "storage": {"persistentVolumeClaim": CLAIM, "mountPath": "/data"},
+    },
+}
 
 
 async def test_the_gate_rolls_out_the_fine_tune_that_improves_and_not_the_one_that_makes_things_worse(tmp_path):
@@ -98,8 +130,9 @@ async def test_the_gate_rolls_out_the_fine_tune_that_improves_and_not_the_one_th
         op_stop, ready, stop = asyncio.Event(), asyncio.Event(), asyncio.Event()
         _, op_tasks = await runner.spawn(str(apiserver.url), settings, op_stop, ready)
         kube = Kube.from_url(str(apiserver.url), LOCAL_KINDS, user_agent="gemma-tpu-node")
-        agent = asyncio.create_task(NodeAgent(kube, apiserver, Node(tmp_path / "node", images, {CLAIM: data}),
-                                              interval=0.25).run(stop))  # fmt: skip
+        agent = asyncio.create_task(
+            NodeAgent(kube, apiserver, Node(tmp_path / "node", images, {CLAIM: data}), interval=0.25).run(stop)
+        )
         cluster = Cluster(apiserver)
         try:
             await asyncio.wait_for(ready.wait(), 30)

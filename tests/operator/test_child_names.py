@@ -43,8 +43,13 @@ def label_value(value: str) -> bool:
 
 def cr_name(length: int, kind: str) -> str:
     """A valid DNS-1123 subdomain of this length and character class."""
-    fill = {"letters": "gemmafinetune", "digit-first": "1chat", "dots": "my.chat", "hyphens": "team-a-gemma",
-            "digits": "0123456789"}[kind]  # fmt: skip
+    fill = {
+        "letters": "gemmafinetune",
+        "digit-first": "1chat",
+        "dots": "my.chat",
+        "hyphens": "team-a-gemma",
+        "digits": "0123456789",
+    }[kind]
     name = (fill * 253)[:length]
     if not name[-1].isalnum():
         name = name[:-1] + "z"

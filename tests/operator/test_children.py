@@ -31,8 +31,11 @@ def test_single_host_v5p8_is_one_pod_with_four_chips():
     spec = pod_spec(job)
     [c] = spec["containers"]
     assert c["resources"]["limits"]["google.com/tpu"] == "4" == c["resources"]["requests"]["google.com/tpu"]
-    assert spec["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
-                                    "cloud.google.com/gke-tpu-topology": "2x2x1", "cloud.google.com/gke-spot": "true"}
+    assert spec["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
+        "cloud.google.com/gke-tpu-topology": "2x2x1",
+        "cloud.google.com/gke-spot": "true",
+    }
     assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     assert spec["restartPolicy"] == "Never" and c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert c["command"] == ["python", "-m", "gemma_workloads", "train", "--config", "/etc/gemma-tpu/train.json"]
@@ -49,12 +52,19 @@ def test_multi_host_v5p16_is_a_jobset_gang():
     p = ft_plan(finetune("ft").tpu("v5p", "2x2x2").training(microBatchSize=2))
     js = training.workload(p, SETTINGS, OWNER)
     assert js["apiVersion"] == "jobset.x-k8s.io/v1alpha2" and js["kind"] == "JobSet"
-    assert js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
+    assert (
+        js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
+    )
     assert js["spec"]["network"] == {"enableDNSHostnames": True, "publishNotReadyAddresses": True}
     [rj] = js["spec"]["replicatedJobs"]
     job_spec = rj["template"]["spec"]
     assert rj["replicas"] == 1
-    assert (job_spec["parallelism"], job_spec["completions"], job_spec["completionMode"], job_spec["backoffLimit"]) == (2, 2, "Indexed", 0)
+    assert (job_spec["parallelism"], job_spec["completions"], job_spec["completionMode"], job_spec["backoffLimit"]) == (
+        2,
+        2,
+        "Indexed",
+        0,
+    )
     [c] = pod_spec(js)["containers"]
     assert c["resources"]["limits"]["google.com/tpu"] == "4" and c["ports"] == [{"containerPort": 8471, "name": "jax"}]
     policy = js["spec"]["failurePolicy"]
@@ -72,7 +82,9 @@ def test_preemption_message_pattern_matches_what_the_job_controller_writes():
 
     msg = "Container trainer for pod ml/x-0 failed with exit code 42 matching FailJob rule at index 1"
     assert re.search(failure_policy.PREEMPTION_MESSAGE, msg)
-    assert re.search(failure_policy.PREEMPTION_MESSAGE, "Pod ml/x-0 has condition DisruptionTarget matching FailJob rule at index 0")
+    assert re.search(
+        failure_policy.PREEMPTION_MESSAGE, "Pod ml/x-0 has condition DisruptionTarget matching FailJob rule at index 0"
+    )
     assert not re.search(failure_policy.PREEMPTION_MESSAGE, msg.replace("index 1", "index 2").replace("42", "1"))
 
 
@@ -85,8 +97,12 @@ def test_exit_code_table():
 
 
 def test_kueue_label_and_secrets_are_passed_by_reference():
-    b = (finetune("ft").tpu("v5p").label("kueue.x-k8s.io/queue-name", "lq")
-         .set("model", {"hfRepo": "google/gemma-4-31B-it", "hfTokenSecretRef": {"name": "hf", "key": "tok"}}))  # fmt: skip
+    b = (
+        finetune("ft")
+        .tpu("v5p")
+        .label("kueue.x-k8s.io/queue-name", "lq")
+        .set("model", {"hfRepo": "google/gemma-4-31B-it", "hfTokenSecretRef": {"name": "hf", "key": "tok"}})
+    )
     job = training.workload(ft_plan(b), SETTINGS, OWNER)
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "lq"
     [c] = pod_spec(job)["containers"]
@@ -157,8 +173,17 @@ def test_the_trainer_knows_the_pods_grace_period():
 # The checks of the Pod Security Standards' "restricted" profile (kubernetes.io, "Pod Security
 # Standards"; enforced by the PodSecurity admission plugin of a namespace labelled
 # pod-security.kubernetes.io/enforce=restricted) that a pod spec can fail.
-RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-                      "projected", "secret", "name"}  # fmt: skip
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+    "name",
+}
 
 
 def restricted_violations(spec: dict) -> list[str]:
@@ -179,8 +204,11 @@ def restricted_violations(spec: dict) -> list[str]:
 
 
 def test_training_and_merge_pods_pass_the_restricted_pod_security_profile():
-    for b in (finetune("ft").tpu("v5p"), finetune("ft").tpu("v5p", "2x2x2").training(microBatchSize=2),
-              finetune("ft").cpu_tiny()):  # fmt: skip
+    for b in (
+        finetune("ft").tpu("v5p"),
+        finetune("ft").tpu("v5p", "2x2x2").training(microBatchSize=2),
+        finetune("ft").cpu_tiny(),
+    ):
         p = ft_plan(b)
         assert restricted_violations(pod_spec(training.workload(p, SETTINGS, OWNER))) == []
         assert restricted_violations(pod_spec(merge.job(p, SETTINGS, OWNER))) == []

@@ -18,17 +18,30 @@ T0 = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
 def _job(name: str, done_at: datetime.datetime | None = None, failed: bool = False) -> dict:
     status: dict = {"active": 1, "ready": 1, "startTime": timestamp(T0)}
     if done_at and failed:
-        status = {"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                                               "lastTransitionTime": timestamp(done_at)}]}  # fmt: skip
+        status = {
+            "failed": 1,
+            "conditions": [
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "BackoffLimitExceeded",
+                    "lastTransitionTime": timestamp(done_at),
+                }
+            ],
+        }
     elif done_at:
-        status = {"succeeded": 1, "completionTime": timestamp(done_at),
-                  "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": timestamp(done_at)}]}  # fmt: skip
+        status = {
+            "succeeded": 1,
+            "completionTime": timestamp(done_at),
+            "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": timestamp(done_at)}],
+        }
     return {"kind": "Job", "metadata": {"name": name, "annotations": {}}, "spec": {"backoffLimit": 3}, "status": status}
 
 
 def _reconcile(plan, status: dict, at: datetime.datetime, job: dict) -> dict:
-    view = finetune_lifecycle.FineTuneView(name="ft", namespace="ns", generation=1, status=status, plan=plan, problems=[],
-                                      owner=None, now=at, training=job)  # fmt: skip
+    view = finetune_lifecycle.FineTuneView(
+        name="ft", namespace="ns", generation=1, status=status, plan=plan, problems=[], owner=None, now=at, training=job
+    )
     return finetune_lifecycle.decide(view, SETTINGS).status
 
 
@@ -50,7 +63,9 @@ def test_many_reconciles_account_exactly_the_running_time():
     end = T0 + datetime.timedelta(seconds=400)
     status = _reconcile(plan, status, at, _job(name, done_at=end))
     assert "accountedAt" not in status, "a finished workload is not accounted any more"
-    assert status["chipHours"] == pytest.approx(4 * 400 / 3600, abs=1e-5), "4 chips from first seen (T0) to completionTime"
+    assert status["chipHours"] == pytest.approx(4 * 400 / 3600, abs=1e-5), (
+        "4 chips from first seen (T0) to completionTime"
+    )
     assert status["estimatedCost"] == round(status["chipHours"] * plan.price_per_chip_hour, 2)
     assert writes <= 350 / finetune_lifecycle.ACCOUNT_EVERY + 2, f"{writes} status changes from accounting alone"
     again = _reconcile(plan, status, end + datetime.timedelta(seconds=30), _job(name, done_at=end))
@@ -61,7 +76,9 @@ def test_failed_workload_is_accounted_until_its_failure_not_until_seen():
     plan = _plan()
     status = _reconcile(plan, {"run": plan.run, "attempt": 1, "phase": "Pending"}, T0, _job(training.names(plan)[0]))
     failed_at = T0 + datetime.timedelta(seconds=90)
-    status = _reconcile(plan, status, failed_at + datetime.timedelta(hours=1), _job(training.names(plan)[0], failed_at, failed=True))
+    status = _reconcile(
+        plan, status, failed_at + datetime.timedelta(hours=1), _job(training.names(plan)[0], failed_at, failed=True)
+    )
     assert status["phase"] == "Failed"
     assert status["chipHours"] == pytest.approx(4 * 90 / 3600, abs=1e-6)
 
@@ -72,8 +89,11 @@ def test_a_workload_suspended_by_its_queue_is_accounted_until_then():
     status = _reconcile(plan, {"run": plan.run, "attempt": 1, "phase": "Pending"}, T0, _job(name))
     status = _reconcile(plan, status, T0 + datetime.timedelta(seconds=30), _job(name))
     assert status["chipHours"] == 0, "not yet brought up to date (less than a minute)"
-    suspended = {**_job(name), "spec": {"backoffLimit": 3, "suspend": True},
-                 "status": {"conditions": [{"type": "Suspended", "status": "True"}]}}  # fmt: skip
+    suspended = {
+        **_job(name),
+        "spec": {"backoffLimit": 3, "suspend": True},
+        "status": {"conditions": [{"type": "Suspended", "status": "True"}]},
+    }
     status = _reconcile(plan, status, T0 + datetime.timedelta(seconds=45), suspended)
     assert status["chipHours"] == pytest.approx(4 * 45 / 3600, abs=1e-6) and "accountedAt" not in status
     status = _reconcile(plan, status, T0 + datetime.timedelta(hours=2), suspended)

@@ -23,8 +23,12 @@ def test_every_api_field_is_a_contract_field_with_its_declaration(api_model, con
         theirs = contract.model_fields[renamed.get(name, name)]
         if name in renamed or name == "target_modules":  # the location; the typed target list (below)
             continue
-        assert (field.annotation, field.metadata, field.default, field.description) == \
-               (theirs.annotation, theirs.metadata, theirs.default, theirs.description), name  # fmt: skip
+        assert (field.annotation, field.metadata, field.default, field.description) == (
+            theirs.annotation,
+            theirs.metadata,
+            theirs.default,
+            theirs.description,
+        ), name
     assert set(contract.model_fields) == {renamed.get(n, n) for n in api_model.model_fields}
 
 
@@ -37,10 +41,17 @@ def test_the_lora_targets_are_the_contracts_modules():
 
 
 def test_the_plan_hands_over_each_block_whole():
-    dataset = {"uri": "gs://data/t.jsonl", "format": "text", "maxSeqLen": 512, "packing": True, "evalFraction": 0.25,
-               "skipInvalid": True}  # fmt: skip
+    dataset = {
+        "uri": "gs://data/t.jsonl",
+        "format": "text",
+        "maxSeqLen": 512,
+        "packing": True,
+        "evalFraction": 0.25,
+        "skipInvalid": True,
+    }
     b = finetune("ft").tpu("v5p", "2x2x1").lora(rank=8, alpha=4.0, dropout=0.1, targetModules=["q_proj", "o_proj"])
     train = plan_finetune("ft", "ns", b.set("dataset", dataset).spec, OperatorSettings()).train
     assert train.lora == config.LoraConfig(rank=8, alpha=4.0, dropout=0.1, target_modules=["q_proj", "o_proj"])
-    assert train.dataset == config.DatasetConfig(path="gs://data/t.jsonl", format="text", max_seq_len=512,
-                                                 packing=True, eval_fraction=0.25, skip_invalid=True)  # fmt: skip
+    assert train.dataset == config.DatasetConfig(
+        path="gs://data/t.jsonl", format="text", max_seq_len=512, packing=True, eval_fraction=0.25, skip_invalid=True
+    )

@@ -63,6 +63,12 @@ def test_evaluation_surface():
     assert "has(self.evaluation.uri)" in spec["x-kubernetes-validations"][0]["rule"]
     gsv = crd.crd(api.SERVE)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     gate = gsv["properties"]["rollout"]["properties"]["gate"]
-    assert gate["items"]["properties"]["metric"]["enum"] == ["evalLoss", "perplexity", "exactMatch", "contains", "regexMatch"]
+    assert gate["items"]["properties"]["metric"]["enum"] == [
+        "evalLoss",
+        "perplexity",
+        "exactMatch",
+        "contains",
+        "regexMatch",
+    ]
     assert gate["maxItems"] == 16 and gate["items"]["x-kubernetes-validations"]
     assert gsv["properties"]["model"]["properties"]["fineTuneRef"]["properties"]["run"]["pattern"]

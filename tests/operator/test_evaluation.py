@@ -28,17 +28,26 @@ def held_out(**evaluation_spec) -> finetune:
     return finetune("ev").tpu("v5p").set("dataset.evalFraction", 0.05).set("evaluation", evaluation_spec)
 
 
-@pytest.mark.parametrize(("b", "problem"), [
-    (finetune("ev").tpu("v5p").set("evaluation", {}),
-     "spec: evaluation has no rows: set spec.evaluation.uri (an eval JSONL) or spec.dataset.evalFraction above 0 "
-     "(a held-out split)"),
-    (held_out(maxNewTokens=2048), "spec.evaluation.maxNewTokens: 2048 leaves no room for a prompt within "
-     "spec.dataset.maxSeqLen 2048"),
-    (finetune("ev").tpu("v5p").set("evaluation", {"uri": "/data/eval.jsonl"}),
-     "spec.evaluation.uri: /data/eval.jsonl is a local path; set spec.storage.persistentVolumeClaim"),
-    (held_out(maxRows=0), "spec.evaluation.maxRows: Input should be greater than or equal to 1"),
-    (held_out(rows=5), "spec.evaluation.rows: unknown field"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("b", "problem"),
+    [
+        (
+            finetune("ev").tpu("v5p").set("evaluation", {}),
+            "spec: evaluation has no rows: set spec.evaluation.uri (an eval JSONL) or spec.dataset.evalFraction above 0 "
+            "(a held-out split)",
+        ),
+        (
+            held_out(maxNewTokens=2048),
+            "spec.evaluation.maxNewTokens: 2048 leaves no room for a prompt within spec.dataset.maxSeqLen 2048",
+        ),
+        (
+            finetune("ev").tpu("v5p").set("evaluation", {"uri": "/data/eval.jsonl"}),
+            "spec.evaluation.uri: /data/eval.jsonl is a local path; set spec.storage.persistentVolumeClaim",
+        ),
+        (held_out(maxRows=0), "spec.evaluation.maxRows: Input should be greater than or equal to 1"),
+        (held_out(rows=5), "spec.evaluation.rows: unknown field"),
+    ],
+)
 def test_bad_evaluations_are_refused_naming_the_fields(b, problem):
     with pytest.raises(SpecError) as e:
         plan(b)
@@ -46,10 +55,17 @@ def test_bad_evaluations_are_refused_naming_the_fields(b, problem):
 
 
 def test_the_training_config_carries_the_evaluation():
-    p = plan(finetune("ev").tpu("v5p").set("evaluation", {"uri": "gs://data/eval.jsonl", "maxRows": 50, "baseline": False}))
+    p = plan(
+        finetune("ev").tpu("v5p").set("evaluation", {"uri": "gs://data/eval.jsonl", "maxRows": 50, "baseline": False})
+    )
     config_map = training_objects(p, SETTINGS)[0]
     train = TrainConfig.model_validate_json(next(iter(config_map["data"].values())))
-    assert train.evaluation.model_dump() == {"path": "gs://data/eval.jsonl", "max_rows": 50, "max_new_tokens": 64, "baseline": False}
+    assert train.evaluation.model_dump() == {
+        "path": "gs://data/eval.jsonl",
+        "max_rows": 50,
+        "max_new_tokens": 64,
+        "baseline": False,
+    }
     held = plan(held_out()).train
     assert held.evaluation.path is None and held.dataset.eval_fraction == 0.05
     assert plan(finetune("ev").tpu("v5p")).train.evaluation is None
@@ -87,13 +103,19 @@ def test_plan_shows_the_evaluation_cost_in_the_training_cost_model():
 
 
 def _pod(container: str, message: str) -> dict:
-    return {"metadata": {"name": "p", "creationTimestamp": "2026-01-01T12:00:00Z"}, "status": {"phase": "Succeeded",
-            "containerStatuses": [{"name": container, "state": {"terminated": {"exitCode": 0, "message": message}}}]}}  # fmt: skip
+    return {
+        "metadata": {"name": "p", "creationTimestamp": "2026-01-01T12:00:00Z"},
+        "status": {
+            "phase": "Succeeded",
+            "containerStatuses": [{"name": container, "state": {"terminated": {"exitCode": 0, "message": message}}}],
+        },
+    }
 
 
 def _decide(p, status, **children):
-    view = finetune_lifecycle.FineTuneView(name="ev", namespace="ns", generation=1, status=status, problems=[], owner=None,
-                                      now=T0, plan=p, **children)  # fmt: skip
+    view = finetune_lifecycle.FineTuneView(
+        name="ev", namespace="ns", generation=1, status=status, problems=[], owner=None, now=T0, plan=p, **children
+    )
     return finetune_lifecycle.decide(view, SETTINGS)
 
 
@@ -110,15 +132,22 @@ def _trained_and_merged(p, figures: list[dict]):
 
 def test_figures_reach_status_an_event_and_the_runs_list():
     p = plan(held_out())
-    figures = [{"name": "evalLoss", "value": 1.234567, "baseline": 1.8, "rows": 40},
-               {"name": "perplexity", "value": math.exp(1.234567), "baseline": math.exp(1.8), "rows": 40}]  # fmt: skip
+    figures = [
+        {"name": "evalLoss", "value": 1.234567, "baseline": 1.8, "rows": 40},
+        {"name": "perplexity", "value": math.exp(1.234567), "baseline": math.exp(1.8), "rows": 40},
+    ]
     merging, done = _trained_and_merged(p, figures)
     assert merging.status["evaluation"] == {"run": p.run, "metrics": figures, "summary": "evalLoss 1.235 (base 1.8)"}
-    assert ("Normal", "Evaluated", f"run {p.run}: evalLoss 1.235 (base 1.8), perplexity 3.437 (base 6.05) on 40 rows") in merging.events
+    assert (
+        "Normal",
+        "Evaluated",
+        f"run {p.run}: evalLoss 1.235 (base 1.8), perplexity 3.437 (base 6.05) on 40 rows",
+    ) in merging.events
     assert "runs" not in merging.status  # not before its merged output exists
     assert done.status["phase"] == "Succeeded"
-    assert done.status["runs"] == [{"run": p.run, "merged": p.merged_dir, "completionTime": "2026-01-01T12:00:00Z",
-                                    "evaluation": figures}]  # fmt: skip
+    assert done.status["runs"] == [
+        {"run": p.run, "merged": p.merged_dir, "completionTime": "2026-01-01T12:00:00Z", "evaluation": figures}
+    ]
     again = _decide(p, done.status)
     assert again.status["runs"] == done.status["runs"]
 
@@ -130,7 +159,11 @@ def test_a_figure_that_is_not_finite_is_left_out_loudly(written):
     merging, done = _trained_and_merged(p, nan)
     assert merging.status["outputs"] == {"checkpoint": "gs://c", "step": 100}, "the rest of the result is kept"
     assert merging.status["evaluation"] == {"run": p.run, "metrics": []}
-    assert ("Warning", "EvaluationNotFinite", f"run {p.run}: figures that are not finite, left out: evalLoss nan (base 1.8)") in merging.events
+    assert (
+        "Warning",
+        "EvaluationNotFinite",
+        f"run {p.run}: figures that are not finite, left out: evalLoss nan (base 1.8)",
+    ) in merging.events
     assert done.status["runs"][0]["evaluation"] == []  # evaluated, nothing usable: a gate on evalLoss blocks
 
 
@@ -138,8 +171,14 @@ def test_an_evaluation_asked_for_but_missing_is_reported():
     p = plan(held_out())
     job = training_objects(p, SETTINGS)[1]
     trained = json.dumps({"status": "succeeded", "step": 100, "checkpoint": "gs://c"})
-    merging = _decide(p, _decide(p, {}).status, training={**job, "status": COMPLETE}, training_pods=[_pod("trainer", trained)])
-    assert ("Warning", "NoEvaluation", f"run {p.run}: spec.evaluation is set but the training result has no figures") in merging.events
+    merging = _decide(
+        p, _decide(p, {}).status, training={**job, "status": COMPLETE}, training_pods=[_pod("trainer", trained)]
+    )
+    assert (
+        "Warning",
+        "NoEvaluation",
+        f"run {p.run}: spec.evaluation is set but the training result has no figures",
+    ) in merging.events
 
 
 def test_runs_are_newest_first_and_bounded():
@@ -148,7 +187,10 @@ def test_runs_are_newest_first_and_bounded():
         runs = evaluation.record_run(runs, f"r{i}", f"gs://o/r{i}", "t", None)
     assert len(runs) == evaluation.MAX_RUNS and runs[0]["run"] == f"r{evaluation.MAX_RUNS + 2}"
     runs = evaluation.record_run(runs, "r5", "gs://o/r5/merged-2", "t2", None)  # merged again: moves to the front
-    assert runs[0] == {"run": "r5", "merged": "gs://o/r5/merged-2", "completionTime": "t2"} and len(runs) == evaluation.MAX_RUNS
+    assert (
+        runs[0] == {"run": "r5", "merged": "gs://o/r5/merged-2", "completionTime": "t2"}
+        and len(runs) == evaluation.MAX_RUNS
+    )
     # A status written before status.runs existed still offers its one merged output.
     old = {"phase": "Succeeded", "run": "abc", "outputs": {"merged": "gs://o/m"}}
     assert evaluation.runs_of(old) == [{"run": "abc", "merged": "gs://o/m"}]

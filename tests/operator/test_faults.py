@@ -87,8 +87,10 @@ async def test_a_degraded_ready_serve_shows_it_within_seconds_despite_faults(api
     assert sum(apiserver.injected.values()) == 2
     failures = [r.getMessage() for r in caplog.records if "failed, retrying" in r.getMessage()]
     assert len(failures) == 2 and all("GemmaServe default/chat" in m for m in failures), failures
-    assert "429" in failures[0] and "PATCH /apis/gemma-tpu.dev/v1alpha1/namespaces/default/gemmaserves/chat/status" in (
-        failures[0])
+    assert (
+        "429" in failures[0]
+        and "PATCH /apis/gemma-tpu.dev/v1alpha1/namespaces/default/gemmaserves/chat/status" in (failures[0])
+    )
     assert "retrying in 1.0 s" in failures[0], "the first back-off is 0.5 s, but the API asked for 1 s"
 
 
@@ -116,8 +118,12 @@ async def _has_event(cluster, name, reason):
 
 async def test_a_child_changed_concurrently_is_not_overwritten_unseen(apiserver, cluster):
     kube = Kube.from_url(str(apiserver.url), user_agent="another-writer")
-    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": NS, "labels": {"a": "1"}},
-           "spec": {"ports": [{"port": 80}]}}  # fmt: skip
+    svc = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "s", "namespace": NS, "labels": {"a": "1"}},
+        "spec": {"ports": [{"port": 80}]},
+    }
     await kube.ensure(copy.deepcopy(svc), ("ports",))
     await cluster.kube.patch("Service", NS, "s", {"metadata": {"labels": {"a": "2"}}})  # drifted: to be put back
     read = await kube.get("Service", NS, "s")
@@ -142,11 +148,20 @@ async def test_under_faults_and_a_restart_every_status_agrees_with_its_children(
         apiserver.inject(fault, "create", "jobs")
         apiserver.inject(fault, "patch", "gemmafinetunes/status")
     admin = Kube.from_url(str(apiserver.url), LOCAL_KINDS, TEST_AGENT)
-    await admin.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf", "namespace": NS},
-                        "data": {"token": base64.b64encode(SECRET.encode()).decode()}})  # fmt: skip
+    await admin.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "hf", "namespace": NS},
+            "data": {"token": base64.b64encode(SECRET.encode()).decode()},
+        }
+    )
     a = finetune("ft-a").tpu("v5p")
-    b = finetune("ft-b").tpu("v5p").set("model", {"hfRepo": "google/gemma-4-31B-it",
-                                                  "hfTokenSecretRef": {"name": "hf"}})
+    b = (
+        finetune("ft-b")
+        .tpu("v5p")
+        .set("model", {"hfRepo": "google/gemma-4-31B-it", "hfTokenSecretRef": {"name": "hf"}})
+    )
     with caplog.at_level(logging.INFO):
         async with running_operator(apiserver):
             for cr in (a, b, serve("chat").fine_tune("ft-a").set("replicas", 2)):

@@ -4,8 +4,10 @@ import pytest
 
 from tests.support.phases import finetune_statuses, serve_statuses
 
-STATUSES = {**{f"GemmaFineTune {k}": v for k, v in finetune_statuses().items()},
-            **{f"GemmaServe {k}": v for k, v in serve_statuses().items()}}  # fmt: skip
+STATUSES = {
+    **{f"GemmaFineTune {k}": v for k, v in finetune_statuses().items()},
+    **{f"GemmaServe {k}": v for k, v in serve_statuses().items()},
+}
 # What kstatus should conclude for each case: Current (done), InProgress or Failed.
 EXPECTED = {
     "GemmaFineTune Pending": "InProgress",
@@ -45,7 +47,9 @@ def kstatus(generation: int, status: dict) -> str:
 def test_every_phase_of_both_kinds_is_covered():
     assert set(STATUSES) == set(EXPECTED)
     phases = {k.split(" (")[0] for k in STATUSES}
-    assert {f"GemmaFineTune {p}" for p in ("Pending", "Training", "Merging", "Succeeded", "Failed", "Suspended")} <= phases
+    assert {
+        f"GemmaFineTune {p}" for p in ("Pending", "Training", "Merging", "Succeeded", "Failed", "Suspended")
+    } <= phases
     assert {f"GemmaServe {p}" for p in ("WaitingForModel", "Deploying", "Ready", "Failed")} <= phases
 
 
@@ -60,12 +64,17 @@ def test_kstatus_reads_each_phase_as_meant(case):
     true = [t for t in ("Ready", "Reconciling", "Stalled") if conds[t]["status"] == "True"]
     assert len(true) == (0 if st["phase"] == "Suspended" else 1), f"exactly one of them holds: {true}"
     if conds["Stalled"]["status"] == "True":
-        assert conds["Stalled"]["message"] == st["message"] and conds["Stalled"]["reason"] != "Failed", "the cause is named"
+        assert conds["Stalled"]["message"] == st["message"] and conds["Stalled"]["reason"] != "Failed", (
+            "the cause is named"
+        )
 
 
 def test_reasons_name_the_phase_or_the_cause():
     ft, gsv = finetune_statuses(), serve_statuses()
-    assert _cond(ft["Succeeded"], "Ready")["reason"] == "Succeeded" and _cond(ft["Merging"], "Reconciling")["reason"] == "Merging"
+    assert (
+        _cond(ft["Succeeded"], "Ready")["reason"] == "Succeeded"
+        and _cond(ft["Merging"], "Reconciling")["reason"] == "Merging"
+    )
     assert _cond(ft["Failed"], "Stalled")["reason"] == "PodFailurePolicy"
     assert _cond(ft["Failed (invalid spec)"], "Stalled")["reason"] == "InvalidSpec"
     assert _cond(gsv["Ready"], "Ready")["message"] == gsv["Ready"]["message"]

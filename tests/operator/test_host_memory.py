@@ -72,8 +72,9 @@ def test_31b_training_pod_gets_the_memory_its_load_needs_and_stages_on_disk(topo
 
 
 def test_staging_on_the_nodes_disk_requests_ephemeral_storage():
-    settings = OperatorSettings.model_validate({"training_host": {"staging_volume": "emptyDir",
-                                                                  "node_ephemeral_storage": "180Gi"}})  # fmt: skip
+    settings = OperatorSettings.model_validate(
+        {"training_host": {"staging_volume": "emptyDir", "node_ephemeral_storage": "180Gi"}}
+    )
     [pod] = pods(training.workload(plan(paper_run(), settings), settings, None))
     [c] = pod["containers"]
     volume = next(v for v in pod["volumes"] if v["name"] == "staging")
@@ -92,11 +93,18 @@ def test_the_staging_volume_has_the_storage_class_of_its_tpu_generation():
     """A TPU VM attaches only some disk types (Cloud TPU docs, "Storage options for Cloud TPU
     data": v5p Balanced Persistent Disk and Hyperdisk ML, v6e Hyperdisk Balanced and Hyperdisk
     ML), so no single class fits both; the merge runs on CPU nodes and takes the general one."""
-    settings = OperatorSettings.model_validate({"training_host": {
-        "staging_storage_class": "standard-rwo", "staging_storage_classes": {"v6e": "hyperdisk-balanced"}}})
+    settings = OperatorSettings.model_validate(
+        {
+            "training_host": {
+                "staging_storage_class": "standard-rwo",
+                "staging_storage_classes": {"v6e": "hyperdisk-balanced"},
+            }
+        }
+    )
     v6e = paper_run().tpu("v6e", "4x4").training(microBatchSize=4)
     assert {claim_class(pod) for pod in pods(training.workload(plan(v6e, settings), settings, None))} == {
-        "hyperdisk-balanced"}
+        "hyperdisk-balanced"
+    }
     [pod] = pods(training.workload(plan(paper_run(), settings), settings, None))
     assert claim_class(pod) == "standard-rwo"
     [pod] = pods(merge.job(plan(v6e, settings), settings, None))
@@ -112,15 +120,19 @@ def test_a_v6e_staging_volume_without_a_hyperdisk_class_is_refused():
     [msg] = e.value.problems
     assert msg.startswith("spec.model: staging gemma4-31b on a volume attached to a ct6e-standard-4t host of v6e-16")
     assert "hyperdisk-balanced, hyperdisk-ml" in msg and "training_host.staging_storage_classes.v6e" in msg
-    node_disk = OperatorSettings.model_validate({"training_host": {"staging_volume": "emptyDir",
-                                                                   "node_ephemeral_storage": "180Gi"}})  # fmt: skip
+    node_disk = OperatorSettings.model_validate(
+        {"training_host": {"staging_volume": "emptyDir", "node_ephemeral_storage": "180Gi"}}
+    )
     assert plan(v6e, node_disk).host.staging_volume == "emptyDir"
     assert plan(paper_run()).host.storage_class is None, "v5p attaches the default class's Persistent Disk"
 
 
 def test_a_model_on_a_volume_is_read_in_place_with_the_same_memory():
-    b = paper_run(finetune("pvc").set("model", {"uri": "/models/gemma-4-31B-it", "preset": "gemma4-31b"})
-                  .set("storage", {"persistentVolumeClaim": "models", "mountPath": "/models"}))  # fmt: skip
+    b = paper_run(
+        finetune("pvc")
+        .set("model", {"uri": "/models/gemma-4-31B-it", "preset": "gemma4-31b"})
+        .set("storage", {"persistentVolumeClaim": "models", "mountPath": "/models"})
+    )
     [pod] = pods(training.workload(plan(b), OperatorSettings(), None))
     [c] = pod["containers"]
     assert "TMPDIR" not in str(c["env"]) and not any(v["name"] == "staging" for v in pod["volumes"])

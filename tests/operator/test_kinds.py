@@ -34,8 +34,15 @@ def test_every_kind_the_examples_render_has_a_child_row():
     docs = [d for f in sorted(EXAMPLES.rglob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
     plans, problems = plan_documents(docs, settings)
     assert not problems
-    rendered = {o["kind"] for kind, p in plans for o in (
-        training_objects(p, settings) + merge_objects(p, settings) if kind == "GemmaFineTune" else serving_objects(p, settings))}
+    rendered = {
+        o["kind"]
+        for kind, p in plans
+        for o in (
+            training_objects(p, settings) + merge_objects(p, settings)
+            if kind == "GemmaFineTune"
+            else serving_objects(p, settings)
+        )
+    }
     assert {"Job", "JobSet", "ConfigMap", "Deployment", "LeaderWorkerSet", "Service"} <= rendered
     for kind in rendered:
         assert KINDS[kind].mutable is not None, f"{kind} is written by the operator but has no re-applied fields"

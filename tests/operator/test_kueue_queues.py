@@ -50,6 +50,7 @@ def test_the_merge_has_its_own_queue_setting():
 
 def test_serving_has_its_own_queue_setting():
     for topology in ("2x4", "4x4"):
+
         def serving(settings, label=None, topology=topology):
             b = serve("s").tpu("v6e", topology)
             if label:

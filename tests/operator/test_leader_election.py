@@ -134,8 +134,12 @@ async def test_a_standby_takes_over_when_the_leader_stops(apiserver, cluster, tm
     assert role["metadata"]["namespace"] == namespace == NAMESPACE
     calls = [c for c in operator_calls(apiserver) if c.resource == "leases"]
     assert not [c for c in calls if not role_grants(role, c)], "Lease requests the Role does not grant"
-    unused = [(r.get("resourceNames"), v) for r in role["rules"] for v in r["verbs"]
-              if not any(grants({**r, "verbs": [v]}, c) for c in calls)]  # fmt: skip
+    unused = [
+        (r.get("resourceNames"), v)
+        for r in role["rules"]
+        for v in r["verbs"]
+        if not any(grants({**r, "verbs": [v]}, c) for c in calls)
+    ]
     assert not unused, f"granted but never used: {unused}"
 
 

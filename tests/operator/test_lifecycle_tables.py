@@ -26,22 +26,41 @@ FAILED = {"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reas
 TRAINED = json.dumps({"status": "succeeded", "step": 100, "total_steps": 100, "loss": 0.5, "checkpoint": "gs://out/c"})
 MERGED = json.dumps({"status": "succeeded", "output": FT_PLAN.merged_dir, "tensors_merged": 7, "seconds": 1.0})
 BAD_DATA = json.dumps({"status": "failed", "error": "train.jsonl line 7: missing 'messages'"})
-TRAINED_CHILDREN = {"training": with_status(JOB, COMPLETE),
-                    "training_pods": [pod("Succeeded", "trainer", {"exitCode": 0, "message": TRAINED})]}  # fmt: skip
+TRAINED_CHILDREN = {
+    "training": with_status(JOB, COMPLETE),
+    "training_pods": [pod("Succeeded", "trainer", {"exitCode": 0, "message": TRAINED})],
+}
 
 FT_OBSERVED = {
     "nothing": {},
-    "training running": {"training": with_status(JOB, {"active": 1, "ready": 1}), "training_pods": [pod("Running", "trainer")]},
+    "training running": {
+        "training": with_status(JOB, {"active": 1, "ready": 1}),
+        "training_pods": [pod("Running", "trainer")],
+    },
     "training succeeded": TRAINED_CHILDREN,
-    "training failed": {"training": with_status(JOB, FAILED),
-                        "training_pods": [pod("Failed", "trainer", {"exitCode": 2, "message": BAD_DATA})]},
-    "merge running": {**TRAINED_CHILDREN, "merge": with_status(MERGE_JOB, {"active": 1}), "merge_pods": [pod("Running", "merge")]},
-    "merge succeeded": {**TRAINED_CHILDREN, "merge": with_status(MERGE_JOB, COMPLETE),
-                        "merge_pods": [pod("Succeeded", "merge", {"exitCode": 0, "message": MERGED})]},
-    "merge failed": {**TRAINED_CHILDREN, "merge": with_status(MERGE_JOB, FAILED),
-                     "merge_pods": [pod("Failed", "merge", {"exitCode": 1, "message": "{\"status\": \"failed\", \"error\": \"disk full\"}"})]},
+    "training failed": {
+        "training": with_status(JOB, FAILED),
+        "training_pods": [pod("Failed", "trainer", {"exitCode": 2, "message": BAD_DATA})],
+    },
+    "merge running": {
+        **TRAINED_CHILDREN,
+        "merge": with_status(MERGE_JOB, {"active": 1}),
+        "merge_pods": [pod("Running", "merge")],
+    },
+    "merge succeeded": {
+        **TRAINED_CHILDREN,
+        "merge": with_status(MERGE_JOB, COMPLETE),
+        "merge_pods": [pod("Succeeded", "merge", {"exitCode": 0, "message": MERGED})],
+    },
+    "merge failed": {
+        **TRAINED_CHILDREN,
+        "merge": with_status(MERGE_JOB, FAILED),
+        "merge_pods": [
+            pod("Failed", "merge", {"exitCode": 1, "message": '{"status": "failed", "error": "disk full"}'})
+        ],
+    },
     "invalid spec": "problems",
-}  # fmt: skip
+}
 TRAIN, MERGE, NONE = "training", "merge", ""
 
 # Rows: the phase before. Columns: FT_OBSERVED in order. Cells: (phase after, children created).
@@ -50,15 +69,87 @@ TRAIN, MERGE, NONE = "training", "merge", ""
 # workload that was created and is gone is recreated as a new attempt; an invalid spec fails whatever came before.
 FT_TABLE = {
     #                                nothing                running                succeeded            failed               merge running        merge succeeded        merge failed        invalid spec
-    "new":                    [("Pending", TRAIN),    ("Training", NONE),   ("Merging", MERGE),  ("Failed", NONE),    ("Merging", MERGE),  ("Merging", MERGE),    ("Merging", MERGE),  ("Failed", NONE)],
-    "Pending":                [("Pending", TRAIN),    ("Training", NONE),   ("Merging", MERGE),  ("Failed", NONE),    ("Merging", MERGE),  ("Merging", MERGE),    ("Merging", MERGE),  ("Failed", NONE)],
-    "Training":               [("Pending", TRAIN),    ("Training", NONE),   ("Merging", MERGE),  ("Failed", NONE),    ("Merging", MERGE),  ("Merging", MERGE),    ("Merging", MERGE),  ("Failed", NONE)],
-    "Suspended":              [("Pending", TRAIN),    ("Training", NONE),   ("Merging", MERGE),  ("Failed", NONE),    ("Merging", MERGE),  ("Merging", MERGE),    ("Merging", MERGE),  ("Failed", NONE)],
-    "Merging":                [("Merging", MERGE),    ("Merging", MERGE),   ("Merging", MERGE),  ("Merging", MERGE),  ("Merging", NONE),   ("Succeeded", NONE),   ("Failed", NONE),    ("Failed", NONE)],
-    "Succeeded":              [("Succeeded", NONE),   ("Succeeded", NONE),  ("Succeeded", NONE), ("Succeeded", NONE), ("Succeeded", NONE), ("Succeeded", NONE),   ("Succeeded", NONE), ("Failed", NONE)],
-    "Failed":                 [("Failed", NONE),      ("Failed", NONE),     ("Failed", NONE),    ("Failed", NONE),    ("Failed", NONE),    ("Failed", NONE),      ("Failed", NONE),    ("Failed", NONE)],
-    "Failed (invalid spec)":  [("Pending", TRAIN),    ("Training", NONE),   ("Merging", MERGE),  ("Failed", NONE),    ("Merging", MERGE),  ("Merging", MERGE),    ("Merging", MERGE),  ("Failed", NONE)],
-}  # fmt: skip
+    "new": [
+        ("Pending", TRAIN),
+        ("Training", NONE),
+        ("Merging", MERGE),
+        ("Failed", NONE),
+        ("Merging", MERGE),
+        ("Merging", MERGE),
+        ("Merging", MERGE),
+        ("Failed", NONE),
+    ],
+    "Pending": [
+        ("Pending", TRAIN),
+        ("Training", NONE),
+        ("Merging", MERGE),
+        ("Failed", NONE),
+        ("Merging", MERGE),
+        ("Merging", MERGE),
+        ("Merging", MERGE),
+        ("Failed", NONE),
+    ],
+    "Training": [
+        ("Pending", TRAIN),
+        ("Training", NONE),
+        ("Merging", MERGE),
+        ("Failed", NONE),
+        ("Merging", MERGE),
+        ("Merging", MERGE),
+        ("Merging", MERGE),
+        ("Failed", NONE),
+    ],
+    "Suspended": [
+        ("Pending", TRAIN),
+        ("Training", NONE),
+        ("Merging", MERGE),
+        ("Failed", NONE),
+        ("Merging", MERGE),
+        ("Merging", MERGE),
+        ("Merging", MERGE),
+        ("Failed", NONE),
+    ],
+    "Merging": [
+        ("Merging", MERGE),
+        ("Merging", MERGE),
+        ("Merging", MERGE),
+        ("Merging", MERGE),
+        ("Merging", NONE),
+        ("Succeeded", NONE),
+        ("Failed", NONE),
+        ("Failed", NONE),
+    ],
+    "Succeeded": [
+        ("Succeeded", NONE),
+        ("Succeeded", NONE),
+        ("Succeeded", NONE),
+        ("Succeeded", NONE),
+        ("Succeeded", NONE),
+        ("Succeeded", NONE),
+        ("Succeeded", NONE),
+        ("Failed", NONE),
+    ],
+    "Failed": [
+        ("Failed", NONE),
+        ("Failed", NONE),
+        ("Failed", NONE),
+        ("Failed", NONE),
+        ("Failed", NONE),
+        ("Failed", NONE),
+        ("Failed", NONE),
+        ("Failed", NONE),
+    ],
+    "Failed (invalid spec)": [
+        ("Pending", TRAIN),
+        ("Training", NONE),
+        ("Merging", MERGE),
+        ("Failed", NONE),
+        ("Merging", MERGE),
+        ("Merging", MERGE),
+        ("Merging", MERGE),
+        ("Failed", NONE),
+    ],
+}
 
 
 def _created(objs: list[dict]) -> tuple[str, set[str]]:
@@ -80,9 +171,16 @@ def test_finetune_decides_every_phase_and_observation(phase, observed):
     children = FT_OBSERVED[observed]
     invalid = children == "problems"
     view = finetune_lifecycle.FineTuneView(
-        name="ft", namespace=NS, generation=1, status=_finetune_prior(phase), owner=None, now=T0,
+        name="ft",
+        namespace=NS,
+        generation=1,
+        status=_finetune_prior(phase),
+        owner=None,
+        now=T0,
         problems=["spec.tpu.topology: 9x9x9 is not a v5p topology"] if invalid else [],
-        plan=None if invalid else FT_PLAN, **({} if invalid else children))  # fmt: skip
+        plan=None if invalid else FT_PLAN,
+        **({} if invalid else children),
+    )
     d = finetune_lifecycle.decide(view, SETTINGS)
     expected_phase, created = FT_TABLE[phase][list(FT_OBSERVED).index(observed)]
     assert (d.status["phase"], _created(d.create)) == (expected_phase, CREATED[created])
@@ -93,13 +191,26 @@ def test_finetune_decides_every_phase_and_observation(phase, observed):
 
 def test_a_failed_training_says_why_and_a_recreated_one_is_a_new_attempt():
     pending = finetune_statuses()["Pending"]
-    view = finetune_lifecycle.FineTuneView(name="ft", namespace=NS, generation=1, status=pending, owner=None, now=T0,
-                                           problems=[], plan=FT_PLAN)  # fmt: skip
+    view = finetune_lifecycle.FineTuneView(
+        name="ft", namespace=NS, generation=1, status=pending, owner=None, now=T0, problems=[], plan=FT_PLAN
+    )
     d = finetune_lifecycle.decide(view, SETTINGS)
     assert d.status["attempt"] == 2 and ("Warning", "TrainingRecreated") in [e[:2] for e in d.events]
-    failed = finetune_lifecycle.FineTuneView(name="ft", namespace=NS, generation=1, status=pending, owner=None, now=T0,
-                                             problems=[], plan=FT_PLAN, **FT_OBSERVED["training failed"])  # fmt: skip
-    assert finetune_lifecycle.decide(failed, SETTINGS).status["message"] == "exit code 2: train.jsonl line 7: missing 'messages'"
+    failed = finetune_lifecycle.FineTuneView(
+        name="ft",
+        namespace=NS,
+        generation=1,
+        status=pending,
+        owner=None,
+        now=T0,
+        problems=[],
+        plan=FT_PLAN,
+        **FT_OBSERVED["training failed"],
+    )
+    assert (
+        finetune_lifecycle.decide(failed, SETTINGS).status["message"]
+        == "exit code 2: train.jsonl line 7: missing 'messages'"
+    )
 
 
 # ---------------------------------------------------------------------------- GemmaServe
@@ -109,12 +220,26 @@ MERGED_URI = "gs://out/ft/merged"
 SV_PLAN = plan_serve("chat", NS, SV_SPEC, SETTINGS, model_uri=MERGED_URI, fine_tune_preset="gemma4-31b")
 DEPLOYMENT = {**serving_objects(SV_PLAN, SETTINGS)[0]}
 DEPLOYMENT["metadata"] = {**DEPLOYMENT["metadata"], "generation": 1}
-READY = {"observedGeneration": 1, "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1,
-         "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]}  # fmt: skip
-ROLLING = {"observedGeneration": 1, "replicas": 1, "readyReplicas": 0, "updatedReplicas": 1,
-           "conditions": [{"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}]}  # fmt: skip
-DEADLINE = {**ROLLING, "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
-                                       "message": "timed out"}]}  # fmt: skip
+READY = {
+    "observedGeneration": 1,
+    "replicas": 1,
+    "readyReplicas": 1,
+    "updatedReplicas": 1,
+    "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}],
+}
+ROLLING = {
+    "observedGeneration": 1,
+    "replicas": 1,
+    "readyReplicas": 0,
+    "updatedReplicas": 1,
+    "conditions": [{"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}],
+}
+DEADLINE = {
+    **ROLLING,
+    "conditions": [
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "timed out"}
+    ],
+}
 TRAINING_FT = {"status": {"phase": "Training", "message": "step 40/100"}}
 DONE_FT = {"status": {"phase": "Succeeded", "outputs": {"merged": MERGED_URI}}}
 
@@ -133,13 +258,61 @@ SERVING, NONE_SV = "serving", ""
 # re-applied on every decision that knows the model.
 SV_TABLE = {
     #                          training                      missing                        model, no server          rolling out              ready                  deadline              invalid spec
-    "new":                    [("WaitingForModel", NONE_SV), ("WaitingForModel", NONE_SV), ("Deploying", SERVING), ("Deploying", SERVING), ("Ready", SERVING), ("Failed", SERVING), ("Failed", NONE_SV)],
-    "WaitingForModel":        [("WaitingForModel", NONE_SV), ("WaitingForModel", NONE_SV), ("Deploying", SERVING), ("Deploying", SERVING), ("Ready", SERVING), ("Failed", SERVING), ("Failed", NONE_SV)],
-    "Deploying":              [("Deploying", SERVING),       ("Deploying", SERVING),       ("Deploying", SERVING), ("Deploying", SERVING), ("Ready", SERVING), ("Failed", SERVING), ("Failed", NONE_SV)],
-    "Ready":                  [("Deploying", SERVING),       ("Deploying", SERVING),       ("Deploying", SERVING), ("Deploying", SERVING), ("Ready", SERVING), ("Failed", SERVING), ("Failed", NONE_SV)],
-    "Failed":                 [("Deploying", SERVING),       ("Deploying", SERVING),       ("Deploying", SERVING), ("Deploying", SERVING), ("Ready", SERVING), ("Failed", SERVING), ("Failed", NONE_SV)],
-    "Failed (invalid spec)":  [("WaitingForModel", NONE_SV), ("WaitingForModel", NONE_SV), ("Deploying", SERVING), ("Deploying", SERVING), ("Ready", SERVING), ("Failed", SERVING), ("Failed", NONE_SV)],
-}  # fmt: skip
+    "new": [
+        ("WaitingForModel", NONE_SV),
+        ("WaitingForModel", NONE_SV),
+        ("Deploying", SERVING),
+        ("Deploying", SERVING),
+        ("Ready", SERVING),
+        ("Failed", SERVING),
+        ("Failed", NONE_SV),
+    ],
+    "WaitingForModel": [
+        ("WaitingForModel", NONE_SV),
+        ("WaitingForModel", NONE_SV),
+        ("Deploying", SERVING),
+        ("Deploying", SERVING),
+        ("Ready", SERVING),
+        ("Failed", SERVING),
+        ("Failed", NONE_SV),
+    ],
+    "Deploying": [
+        ("Deploying", SERVING),
+        ("Deploying", SERVING),
+        ("Deploying", SERVING),
+        ("Deploying", SERVING),
+        ("Ready", SERVING),
+        ("Failed", SERVING),
+        ("Failed", NONE_SV),
+    ],
+    "Ready": [
+        ("Deploying", SERVING),
+        ("Deploying", SERVING),
+        ("Deploying", SERVING),
+        ("Deploying", SERVING),
+        ("Ready", SERVING),
+        ("Failed", SERVING),
+        ("Failed", NONE_SV),
+    ],
+    "Failed": [
+        ("Deploying", SERVING),
+        ("Deploying", SERVING),
+        ("Deploying", SERVING),
+        ("Deploying", SERVING),
+        ("Ready", SERVING),
+        ("Failed", SERVING),
+        ("Failed", NONE_SV),
+    ],
+    "Failed (invalid spec)": [
+        ("WaitingForModel", NONE_SV),
+        ("WaitingForModel", NONE_SV),
+        ("Deploying", SERVING),
+        ("Deploying", SERVING),
+        ("Ready", SERVING),
+        ("Failed", SERVING),
+        ("Failed", NONE_SV),
+    ],
+}
 
 
 def _serve_prior(phase: str) -> dict:
@@ -154,9 +327,18 @@ def test_serve_decides_every_phase_and_observation(phase, observed):
     uri = serve_lifecycle.resolve_model("ft", fine_tune, prior, SV_SPEC)
     plan = None if invalid else plan_serve("chat", NS, SV_SPEC, SETTINGS, model_uri=uri, fine_tune_preset="gemma4-31b")
     view = serve_lifecycle.ServeView(
-        name="chat", namespace=NS, generation=1, status=prior, owner=None, now=T0, plan=plan,
-        problems=["spec.replicas: must be at least 0"] if invalid else [], fine_tune_name="ft", fine_tune=fine_tune,
-        workload=with_status(DEPLOYMENT, workload) if workload else None)  # fmt: skip
+        name="chat",
+        namespace=NS,
+        generation=1,
+        status=prior,
+        owner=None,
+        now=T0,
+        plan=plan,
+        problems=["spec.replicas: must be at least 0"] if invalid else [],
+        fine_tune_name="ft",
+        fine_tune=fine_tune,
+        workload=with_status(DEPLOYMENT, workload) if workload else None,
+    )
     d = serve_lifecycle.decide(view, SETTINGS)
     expected_phase, created = SV_TABLE[phase][list(SV_OBSERVED).index(observed)]
     kinds = {o["kind"] for o in serving_objects(SV_PLAN, SETTINGS)} if created else set()

@@ -20,14 +20,23 @@ PODMONITOR = ("monitoring.coreos.com/v1", "podmonitors")
 def jobset_schema(message_patterns: bool) -> dict:
     """Enough of JobSet's CRD schema to tell its version: onJobFailureMessagePatterns came with
     v0.10.0 (kubernetes-sigs/jobset#1033, api/jobset/v1alpha2/jobset_types.go FailurePolicyRule)."""
-    rule = {"type": "object", "properties": {"name": {"type": "string"}, "action": {"type": "string"},
-                                             "onJobFailureReasons": {"type": "array", "items": {"type": "string"}}}}
+    rule = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "action": {"type": "string"},
+            "onJobFailureReasons": {"type": "array", "items": {"type": "string"}},
+        },
+    }
     if message_patterns:
         rule["properties"]["onJobFailureMessagePatterns"] = {"type": "array", "items": {"type": "string"}}
     rules = {"rules": {"type": "array", "items": rule}}
-    spec = {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
-            "properties": {"failurePolicy": {"type": "object", "properties": rules}}}
-    return {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {"spec": spec}}  # fmt: skip
+    spec = {
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+        "properties": {"failurePolicy": {"type": "object", "properties": rules}},
+    }
+    return {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {"spec": spec}}
 
 
 async def dependency(cluster, kind: str, name: str, status: str, has: str = "") -> dict:

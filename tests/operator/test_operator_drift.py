@@ -29,7 +29,9 @@ async def finish_fine_tune_until_merging(cluster, b):
     await cluster.apply(b.obj())
     await cluster.job(NS, train)
     await cluster.job_running(NS, train)
-    await cluster.job_succeeded(NS, train, {"status": "succeeded", "step": 100, "checkpoint": f"{p.run_dir}/checkpoints/100"})
+    await cluster.job_succeeded(
+        NS, train, {"status": "succeeded", "step": 100, "checkpoint": f"{p.run_dir}/checkpoints/100"}
+    )
     await cluster.job(NS, merge.name(p))
     await cluster.phase("GemmaFineTune", NS, b.name, "Merging")
     return p

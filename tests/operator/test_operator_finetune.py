@@ -47,16 +47,30 @@ async def test_happy_path_train_merge_succeed(operator, cluster):
     assert ft["status"]["progress"] == {"step": 40, "totalSteps": 100, "loss": 1.25, "tokensPerSecond": 900.0}
 
     ckpt = f"{p.run_dir}/checkpoints/100"
-    await cluster.job_succeeded(NS, train_name, {"status": "succeeded", "step": 100, "total_steps": 100, "loss": 0.5,
-                                                 "tokens_per_second": 950.0, "checkpoint": ckpt})  # fmt: skip
+    await cluster.job_succeeded(
+        NS,
+        train_name,
+        {
+            "status": "succeeded",
+            "step": 100,
+            "total_steps": 100,
+            "loss": 0.5,
+            "tokens_per_second": 950.0,
+            "checkpoint": ckpt,
+        },
+    )
     mjob = await cluster.job(NS, merge_name)
     assert mjob["spec"]["template"]["spec"]["containers"][0]["command"][2:4] == ["gemma_workloads", "merge"]
     mcm = await cluster.get("ConfigMap", NS, merge_name)
     assert json.loads(mcm["data"]["merge.json"])["step"] == 100
     await cluster.phase("GemmaFineTune", NS, "ft", "Merging")
 
-    await cluster.job_succeeded(NS, merge_name, {"status": "succeeded", "output": p.merged_dir, "tensors_merged": 420,
-                                                 "bytes_written": 10, "seconds": 12.0}, container="merge")  # fmt: skip
+    await cluster.job_succeeded(
+        NS,
+        merge_name,
+        {"status": "succeeded", "output": p.merged_dir, "tensors_merged": 420, "bytes_written": 10, "seconds": 12.0},
+        container="merge",
+    )
     ft = await cluster.phase("GemmaFineTune", NS, "ft", "Succeeded")
     st = ft["status"]
     assert st["outputs"] == {"checkpoint": ckpt, "step": 100, "merged": p.merged_dir}
@@ -80,8 +94,12 @@ async def _events(cluster, name):
 async def test_application_error_fails_at_once_with_the_pods_message(operator, cluster):
     b = finetune("bad-data").tpu("v5p")
     train_name = await training_started(cluster, b)
-    await cluster.pod_failed(NS, train_name, 2, json.dumps({"status": "failed", "error": "train.jsonl line 7: missing 'messages'"}))
-    await cluster.job_failed(NS, train_name, "PodFailurePolicy", "Container trainer failed with exit code 2 matching FailJob rule at index 2")
+    await cluster.pod_failed(
+        NS, train_name, 2, json.dumps({"status": "failed", "error": "train.jsonl line 7: missing 'messages'"})
+    )
+    await cluster.job_failed(
+        NS, train_name, "PodFailurePolicy", "Container trainer failed with exit code 2 matching FailJob rule at index 2"
+    )
     ft = await cluster.phase("GemmaFineTune", NS, "bad-data", "Failed")
     assert ft["status"]["message"] == "exit code 2: train.jsonl line 7: missing 'messages'"
     failed = next(c for c in ft["status"]["conditions"] if c["type"] == "Failed")
@@ -96,7 +114,9 @@ async def test_retries_exhausted_fails_and_counts_restarts_not_preemptions(opera
     await cluster.pod_failed(NS, train_name, 42, preempted=True)
     await cluster.pod_failed(NS, train_name, 137, "OOMKilled")
     await cluster.pod_failed(NS, train_name, 137, "OOMKilled")
-    await cluster.job_failed(NS, train_name, "BackoffLimitExceeded", "Job has reached the specified backoff limit", failed=2)
+    await cluster.job_failed(
+        NS, train_name, "BackoffLimitExceeded", "Job has reached the specified backoff limit", failed=2
+    )
     ft = await cluster.phase("GemmaFineTune", NS, "flaky", "Failed")
     assert (ft["status"]["restarts"], ft["status"]["preemptions"]) == (2, 1)
     assert "OOMKilled" in ft["status"]["message"]
@@ -248,11 +268,19 @@ async def test_a_merge_refusing_its_base_shows_the_workloads_own_message(operato
     """The message is the merge workload's real one, for a base model copied without config.json."""
     base = tiny.write_checkpoint(tmp_path / "base", shards=1).path
     (base / "config.json").unlink()
-    config = MergeConfig(base_model_path=str(base), checkpoint_dir=str(tmp_path / "ckpt"),
-                         output_dir=str(tmp_path / "out"), termination_log=str(tmp_path / "termination-log"))
+    config = MergeConfig(
+        base_model_path=str(base),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        output_dir=str(tmp_path / "out"),
+        termination_log=str(tmp_path / "termination-log"),
+    )
     (tmp_path / "merge.json").write_text(config.dumps())
-    done = subprocess.run([sys.executable, "-m", "gemma_workloads", "merge", "--config", str(tmp_path / "merge.json")],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "gemma_workloads", "merge", "--config", str(tmp_path / "merge.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     message = (tmp_path / "termination-log").read_text()
 
@@ -264,5 +292,7 @@ async def test_a_merge_refusing_its_base_shows_the_workloads_own_message(operato
     await cluster.pod_failed(NS, merge_name, 2, message, container="merge")
     await cluster.job_failed(NS, merge_name, "PodFailurePolicy", "Container merge failed with exit code 2")
     ft = await cluster.phase("GemmaFineTune", NS, "bad-base", "Failed")
-    assert ft["status"]["message"] == f"exit code 2: {base}/config.json is missing: the model folder must hold the " \
-                                      "model's config.json; copy it again from the model's source"
+    assert (
+        ft["status"]["message"] == f"exit code 2: {base}/config.json is missing: the model folder must hold the "
+        "model's config.json; copy it again from the model's source"
+    )

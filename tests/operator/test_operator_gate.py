@@ -16,12 +16,20 @@ GATE = [{"metric": "evalLoss", "baseline": "better"}, {"metric": "exactMatch", "
 
 
 def evaluated(steps: int) -> finetune:
-    return finetune("ft").tpu("v5p").training(steps=steps).set("dataset.evalFraction", 0.1).set("evaluation", {"maxRows": 40})
+    return (
+        finetune("ft")
+        .tpu("v5p")
+        .training(steps=steps)
+        .set("dataset.evalFraction", 0.1)
+        .set("evaluation", {"maxRows": 40})
+    )
 
 
 def figures(loss: float, exact: float) -> list[dict]:
-    return [{"name": "evalLoss", "value": loss, "baseline": 1.8, "rows": 40},
-            {"name": "exactMatch", "value": exact, "baseline": 0.1, "rows": 25}]  # fmt: skip
+    return [
+        {"name": "evalLoss", "value": loss, "baseline": 1.8, "rows": 40},
+        {"name": "exactMatch", "value": exact, "baseline": 0.1, "rows": 25},
+    ]
 
 
 async def run_fine_tune(cluster, b, evaluation: list[dict]):
@@ -29,7 +37,12 @@ async def run_fine_tune(cluster, b, evaluation: list[dict]):
     train_name, merge_name = training.names(p)[0], merge.name(p)
     await cluster.job(NS, train_name)
     await cluster.job_running(NS, train_name)
-    result = {"status": "succeeded", "step": p.spec.training.steps, "checkpoint": f"{p.run_dir}/checkpoints/1", "evaluation": evaluation}
+    result = {
+        "status": "succeeded",
+        "step": p.spec.training.steps,
+        "checkpoint": f"{p.run_dir}/checkpoints/1",
+        "evaluation": evaluation,
+    }
     await cluster.job_succeeded(NS, train_name, result)
     await cluster.job(NS, merge_name)
     await cluster.job_succeeded(NS, merge_name, {"status": "succeeded", "output": p.merged_dir}, container="merge")
@@ -45,7 +58,12 @@ async def _succeeded_run(cluster, run):
 
 async def served_model(cluster):
     dep = await cluster.get("Deployment", NS, "chat-vllm")
-    return dep and dep["spec"]["template"]["metadata"]["annotations"][serving.REVISION_ANNOTATION.replace("revision", "model-uri")]
+    return (
+        dep
+        and dep["spec"]["template"]["metadata"]["annotations"][
+            serving.REVISION_ANNOTATION.replace("revision", "model-uri")
+        ]
+    )
 
 
 async def _serving(cluster, uri):
@@ -59,7 +77,11 @@ async def _condition(cluster, type_, reason):
 
 
 async def _events(cluster, name, reason):
-    return [e["message"] for e in await cluster.kube.list("Event", NS) if e["involvedObject"]["name"] == name and e["reason"] == reason]
+    return [
+        e["message"]
+        for e in await cluster.kube.list("Event", NS)
+        if e["involvedObject"]["name"] == name and e["reason"] == reason
+    ]
 
 
 async def test_a_worse_run_is_not_rolled_out_a_better_one_is_and_a_pin_rolls_back(operator, cluster):
@@ -72,7 +94,9 @@ async def test_a_worse_run_is_not_rolled_out_a_better_one_is_and_a_pin_rolls_bac
     assert ft["status"]["evaluation"]["run"] == p1.run
     assert ft["status"]["evaluation"]["summary"] == "evalLoss 1.2 (base 1.8)"
     assert ft["status"]["runs"][0]["run"] == p1.run and ft["status"]["runs"][0]["merged"] == p1.merged_dir
-    assert await _events(cluster, "ft", "Evaluated") == [f"run {p1.run}: evalLoss 1.2 (base 1.8) [40 rows], exactMatch 0.7 (base 0.1) [25 rows]"]
+    assert await _events(cluster, "ft", "Evaluated") == [
+        f"run {p1.run}: evalLoss 1.2 (base 1.8) [40 rows], exactMatch 0.7 (base 0.1) [25 rows]"
+    ]
     await cluster.wait_for(lambda: _serving(cluster, p1.merged_dir), message="run 1 rolled out")
     await cluster.deployment_ready(NS, "chat-vllm")
     gsv = await cluster.phase("GemmaServe", NS, "chat", "Ready")
@@ -85,7 +109,10 @@ async def test_a_worse_run_is_not_rolled_out_a_better_one_is_and_a_pin_rolls_bac
     assert [r["run"] for r in (await cluster.get("GemmaFineTune", NS, "ft"))["status"]["runs"]] == [p2.run, p1.run]
     blocked = await cluster.wait_for(lambda: _condition(cluster, "GatePassed", "MetricFailed"), message="blocked")
     assert blocked["status"] == "False"
-    assert blocked["message"] == f"run {p2.run}: evalLoss 2.1 is not better than the base model's 1.8: not rolled out; serving run {p1.run}"
+    assert (
+        blocked["message"]
+        == f"run {p2.run}: evalLoss 2.1 is not better than the base model's 1.8: not rolled out; serving run {p1.run}"
+    )
     assert await _events(cluster, "chat", "RolloutBlocked") == [blocked["message"]]
     gsv = await cluster.phase("GemmaServe", NS, "chat", "Ready")
     assert gsv["status"]["modelUri"] == p1.merged_dir and gsv["status"]["passedRuns"] == [p1.run]
@@ -101,14 +128,20 @@ async def test_a_worse_run_is_not_rolled_out_a_better_one_is_and_a_pin_rolls_bac
     await cluster.wait_for(lambda: _condition(cluster, "GatePassed", "Passed"), message="gate passed again")
 
     # Rolling back is one field: a run listed in passedRuns.
-    await cluster.kube.patch("GemmaServe", NS, "chat", {"spec": {"model": {"fineTuneRef": {"name": "ft", "run": p1.run}}}})
+    await cluster.kube.patch(
+        "GemmaServe", NS, "chat", {"spec": {"model": {"fineTuneRef": {"name": "ft", "run": p1.run}}}}
+    )
     await cluster.wait_for(lambda: _serving(cluster, p1.merged_dir), message="rolled back to run 1")
     # A pin to a run that failed the gate is refused like any other candidate: run 1 keeps serving.
-    await cluster.kube.patch("GemmaServe", NS, "chat", {"spec": {"model": {"fineTuneRef": {"name": "ft", "run": p2.run}}}})
+    await cluster.kube.patch(
+        "GemmaServe", NS, "chat", {"spec": {"model": {"fineTuneRef": {"name": "ft", "run": p2.run}}}}
+    )
     await cluster.wait_for(lambda: _condition(cluster, "GatePassed", "MetricFailed"), message="pinned run blocked")
     assert await served_model(cluster) == p1.merged_dir
     # An unknown run is named in a condition, and nothing changes what is served.
-    await cluster.kube.patch("GemmaServe", NS, "chat", {"spec": {"model": {"fineTuneRef": {"name": "ft", "run": "0000aaaa"}}}})
+    await cluster.kube.patch(
+        "GemmaServe", NS, "chat", {"spec": {"model": {"fineTuneRef": {"name": "ft", "run": "0000aaaa"}}}}
+    )
     cond = await cluster.wait_for(lambda: _condition(cluster, "ModelReady", "RunNotFound"), message="RunNotFound")
     assert cond["status"] == "False" and "run 0000aaaa is not one of the fine-tune's runs" in cond["message"]
     assert p1.run in cond["message"] and p3.run in cond["message"]
@@ -122,7 +155,10 @@ async def test_nothing_is_deployed_while_no_run_passes(operator, cluster):
     await cluster.apply(evaluated(100).obj())
     p1 = await run_fine_tune(cluster, evaluated(100), [{"name": "evalLoss", "value": 1.2, "baseline": 1.8, "rows": 40}])
     cond = await cluster.wait_for(lambda: _condition(cluster, "ModelReady", "RolloutBlocked"), message="blocked")
-    assert cond["message"] == f"run {p1.run} did not produce exactMatch (it reported evalLoss): nothing passes the gate yet"
+    assert (
+        cond["message"]
+        == f"run {p1.run} did not produce exactMatch (it reported evalLoss): nothing passes the gate yet"
+    )
     gsv = await cluster.phase("GemmaServe", NS, "chat", "WaitingForModel")
     assert gsv["status"]["passedRuns"] == []
     assert await cluster.get("Deployment", NS, "chat-vllm") is None

@@ -15,7 +15,9 @@ async def finish_fine_tune(cluster, b):
     train_name, merge_name = training.names(p)[0], merge.name(p)
     await cluster.job(NS, train_name)
     await cluster.job_running(NS, train_name)
-    await cluster.job_succeeded(NS, train_name, {"status": "succeeded", "step": 100, "checkpoint": f"{p.run_dir}/checkpoints/100"})
+    await cluster.job_succeeded(
+        NS, train_name, {"status": "succeeded", "step": 100, "checkpoint": f"{p.run_dir}/checkpoints/100"}
+    )
     await cluster.job(NS, merge_name)
     await cluster.job_succeeded(NS, merge_name, {"status": "succeeded", "output": p.merged_dir}, container="merge")
     await cluster.phase("GemmaFineTune", NS, b.name, "Succeeded")
@@ -24,7 +26,12 @@ async def finish_fine_tune(cluster, b):
 
 async def deployment_model(cluster, name):
     dep = await cluster.get("Deployment", NS, name)
-    return dep and dep["spec"]["template"]["metadata"]["annotations"][serving.REVISION_ANNOTATION.replace("revision", "model-uri")]
+    return (
+        dep
+        and dep["spec"]["template"]["metadata"]["annotations"][
+            serving.REVISION_ANNOTATION.replace("revision", "model-uri")
+        ]
+    )
 
 
 async def test_serve_waits_deploys_and_rolls_to_a_new_output(operator, cluster):
@@ -34,7 +41,9 @@ async def test_serve_waits_deploys_and_rolls_to_a_new_output(operator, cluster):
     assert "GemmaFineTune ft not found" in gsv["status"]["message"]
 
     await cluster.apply(ft.obj())
-    gsv = await cluster.wait_for(lambda: _message_has(cluster, "waiting for GemmaFineTune ft (Pending"), message="waiting on ft")
+    gsv = await cluster.wait_for(
+        lambda: _message_has(cluster, "waiting for GemmaFineTune ft (Pending"), message="waiting on ft"
+    )
     assert await cluster.get("Deployment", NS, "chat-vllm") is None, "nothing is deployed before the model exists"
 
     p1 = await finish_fine_tune(cluster, ft)
@@ -94,10 +103,28 @@ async def test_serve_with_a_uri_and_an_invalid_one(operator, cluster):
 async def test_a_rollout_that_never_gets_ready_is_reported(operator, cluster):
     await cluster.apply(serve("stuck").obj())
     dep = await cluster.wait_for(lambda: cluster.get("Deployment", NS, "stuck-vllm"), message="Deployment")
-    await cluster.kube.patch("Deployment", NS, "stuck-vllm", {"status": {
-        "observedGeneration": dep["metadata"]["generation"], "replicas": 1, "readyReplicas": 0, "updatedReplicas": 1,
-        "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
-                        "message": 'ReplicaSet "stuck-vllm-1" has timed out progressing.'}]}}, status=True)  # fmt: skip
+    await cluster.kube.patch(
+        "Deployment",
+        NS,
+        "stuck-vllm",
+        {
+            "status": {
+                "observedGeneration": dep["metadata"]["generation"],
+                "replicas": 1,
+                "readyReplicas": 0,
+                "updatedReplicas": 1,
+                "conditions": [
+                    {
+                        "type": "Progressing",
+                        "status": "False",
+                        "reason": "ProgressDeadlineExceeded",
+                        "message": 'ReplicaSet "stuck-vllm-1" has timed out progressing.',
+                    }
+                ],
+            }
+        },
+        status=True,
+    )
     gsv = await cluster.phase("GemmaServe", NS, "stuck", "Failed")
     cond = next(c for c in gsv["status"]["conditions"] if c["type"] == "Progressing")
     assert cond["status"] == "False" and cond["reason"] == "ProgressDeadlineExceeded"
@@ -107,9 +134,16 @@ async def test_multi_host_serving_and_autoscaling_changes(operator, cluster):
     b = serve("big").tpu("v6e", "4x4").set("autoscaling", {"maxReplicas": 3})
     await cluster.apply(b.obj())
     lws = await cluster.wait_for(lambda: cluster.get("LeaderWorkerSet", NS, "big-vllm"), message="LWS")
-    await cluster.wait_for(lambda: cluster.get("HorizontalPodAutoscaler", NS, "big-vllm"), message="HPA")  # created after the LWS
-    await cluster.kube.patch("LeaderWorkerSet", NS, "big-vllm", {"status": {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}},
-                             status=True)  # fmt: skip
+    await cluster.wait_for(
+        lambda: cluster.get("HorizontalPodAutoscaler", NS, "big-vllm"), message="HPA"
+    )  # created after the LWS
+    await cluster.kube.patch(
+        "LeaderWorkerSet",
+        NS,
+        "big-vllm",
+        {"status": {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}},
+        status=True,
+    )
     gsv = await cluster.phase("GemmaServe", NS, "big", "Ready")
     assert gsv["status"]["readyReplicas"] == 1 and lws["spec"]["leaderWorkerTemplate"]["size"] == 4
 
@@ -144,9 +178,13 @@ async def test_changing_shape_autoscaling_and_monitoring_replaces_what_changed(o
     await cluster.wait_for(lambda: cluster.get("LeaderWorkerSet", NS, "flex-vllm"), message="LWS")
     await cluster.wait_for(lambda: _absent(cluster, "Deployment", "flex-vllm"), message="Deployment replaced")
     await cluster.wait_for(lambda: _leaders_monitored(cluster), message="PodMonitor follows the leaders")
-    assert (await cluster.get("HorizontalPodAutoscaler", NS, "flex-vllm"))["spec"]["scaleTargetRef"]["kind"] == "LeaderWorkerSet"
+    assert (await cluster.get("HorizontalPodAutoscaler", NS, "flex-vllm"))["spec"]["scaleTargetRef"][
+        "kind"
+    ] == "LeaderWorkerSet"
 
-    await cluster.kube.patch("GemmaServe", NS, "flex", {"spec": {"tpu": {"topology": "2x4"}, "metrics": {"podMonitor": False}}})
+    await cluster.kube.patch(
+        "GemmaServe", NS, "flex", {"spec": {"tpu": {"topology": "2x4"}, "metrics": {"podMonitor": False}}}
+    )
     await cluster.wait_for(lambda: cluster.get("Deployment", NS, "flex-vllm"), message="back to a Deployment")
     await cluster.wait_for(lambda: _absent(cluster, "LeaderWorkerSet", "flex-vllm"), message="LWS removed")
     await cluster.wait_for(lambda: _absent(cluster, "PodMonitor", "flex-vllm"), message="PodMonitor removed")

@@ -16,8 +16,13 @@ def plan(b):
 
 
 def test_paper_recipe_on_v5p8():
-    p = plan(finetune("paper").tpu("v5p", "2x2x1").lora(rank=64, alpha=64, dropout=0.05)
-             .training(steps=1244, batchSize=8, microBatchSize=1).set("dataset.maxSeqLen", 3072))  # fmt: skip
+    p = plan(
+        finetune("paper")
+        .tpu("v5p", "2x2x1")
+        .lora(rank=64, alpha=64, dropout=0.05)
+        .training(steps=1244, batchSize=8, microBatchSize=1)
+        .set("dataset.maxSeqLen", 3072)
+    )
     assert (p.placement.hosts, p.placement.chips_per_host, p.multi_host) == (1, 4, False)
     assert (p.mesh.fsdp, p.mesh.tp, p.micro_batch, p.train.grad_accumulation) == (1, 4, 1, 8)
     assert p.memory.fits and 15 * fit.GIB < p.memory.total < 30 * fit.GIB
@@ -52,7 +57,9 @@ def test_preset_inferred_from_hf_repo_and_hf_uri():
     assert infer_preset("google/gemma-4-31B-it") == "gemma4-31b"
     assert infer_preset("google/gemma-4-E4B-it") == "gemma4-e4b"
     assert infer_preset("someone/llama") is None
-    p = plan(finetune("h").set("model", {"hfRepo": "google/gemma-4-31B-it", "hfTokenSecretRef": {"name": "hf"}}).tpu("v5p"))
+    p = plan(
+        finetune("h").set("model", {"hfRepo": "google/gemma-4-31B-it", "hfTokenSecretRef": {"name": "hf"}}).tpu("v5p")
+    )
     assert p.preset == "gemma4-31b" and p.train.model_path == "hf://google/gemma-4-31B-it"
 
 
@@ -64,37 +71,71 @@ def test_kueue_queue_from_label_or_settings():
 
 BAD_SPECS = [
     (finetune("b").lora(rank=0), "spec.lora.rank: Input should be greater than or equal to 1"),
-    (finetune("b").lora(targetModules=["q_proj", "k_proj"]),
-     "spec.lora.targetModules: k_proj and v_proj share one fused projection (kv_einsum) on sliding layers: list both or neither"),
-    (finetune("b").lora(targetModules=["qkv_proj"]),
-     "spec.lora.targetModules.0: Input should be 'q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj' or 'down_proj'"),
+    (
+        finetune("b").lora(targetModules=["q_proj", "k_proj"]),
+        "spec.lora.targetModules: k_proj and v_proj share one fused projection (kv_einsum) on sliding layers: list both or neither",
+    ),
+    (
+        finetune("b").lora(targetModules=["qkv_proj"]),
+        "spec.lora.targetModules.0: Input should be 'q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj' or 'down_proj'",
+    ),
     (finetune("b").tpu("v7x"), "spec.tpu.accelerator: Input should be 'v5p', 'v6e' or 'cpu'"),
-    (finetune("b").tpu("v5p", "2x2"), "spec.tpu.topology: v5p has no topology '2x2'; allowed: 2x2x1, 2x2x2, 2x2x4, 2x4x4, "
-     "4x4x4, 4x4x8, 4x8x8, 8x8x8, 8x8x16, 8x16x16, 16x16x16, 16x16x24"),
+    (
+        finetune("b").tpu("v5p", "2x2"),
+        "spec.tpu.topology: v5p has no topology '2x2'; allowed: 2x2x1, 2x2x2, 2x2x4, 2x4x4, "
+        "4x4x4, 4x4x8, 4x8x8, 8x8x8, 8x8x16, 8x16x16, 16x16x16, 16x16x24",
+    ),
     (finetune("b").tpu("cpu", "2x2x1"), "spec.tpu.topology: not used with accelerator cpu"),
-    (finetune("b").training(epochs=2), "spec.training: Value error, set steps or epochs, not both".replace("Value error, ", "")),
-    (finetune("b").tpu("v5p").training(mesh={"fsdp": 2, "tp": 4}),
-     "spec.training.mesh: fsdp 2 x tp 4 = 8 devices, but v5p-8 (2x2x1) has 4"),
-    (finetune("b").tpu("v5p", "2x2x2").training(mesh={"fsdp": 1, "tp": 8}),
-     "spec.training.mesh.tp: 8 does not divide gemma4-31b's attention heads (32), KV heads (16) and global KV heads (4)"),
-    (finetune("b").tpu("v5p", "2x2x2").training(microBatchSize=1),
-     "spec.training.microBatchSize: 1 must be a multiple of the mesh's fsdp size 2 (each data-parallel shard takes whole sequences)"),
-    (finetune("b").training(batchSize=6, microBatchSize=4), "spec.training.microBatchSize: 4 does not divide batchSize 6"),
-    (finetune("b").set("model", {"uri": "gs://models/x", "hfRepo": "google/gemma-4-31B-it"}), "spec.model: set exactly one of uri or hfRepo"),
-    (finetune("b").set("model.uri", "s3://bucket/m"), "spec.model.uri: 's3://bucket/m' is neither a gs://bucket/path URI (bucket: 3-63 of a-z, 0-9, -, _ and .) nor an absolute path"),
-    (finetune("b").set("output.uri", "/out"),
-     "spec.output.uri: /out is a local path; set spec.storage.persistentVolumeClaim so the pods can reach it, or use a gs:// URI"),
-    (finetune("b").set("output.uri", "/out").set("storage", {"persistentVolumeClaim": "pvc", "mountPath": "/data"}),
-     "spec.output.uri: /out is not under spec.storage.mountPath /data"),
+    (
+        finetune("b").training(epochs=2),
+        "spec.training: Value error, set steps or epochs, not both".replace("Value error, ", ""),
+    ),
+    (
+        finetune("b").tpu("v5p").training(mesh={"fsdp": 2, "tp": 4}),
+        "spec.training.mesh: fsdp 2 x tp 4 = 8 devices, but v5p-8 (2x2x1) has 4",
+    ),
+    (
+        finetune("b").tpu("v5p", "2x2x2").training(mesh={"fsdp": 1, "tp": 8}),
+        "spec.training.mesh.tp: 8 does not divide gemma4-31b's attention heads (32), KV heads (16) and global KV heads (4)",
+    ),
+    (
+        finetune("b").tpu("v5p", "2x2x2").training(microBatchSize=1),
+        "spec.training.microBatchSize: 1 must be a multiple of the mesh's fsdp size 2 (each data-parallel shard takes whole sequences)",
+    ),
+    (
+        finetune("b").training(batchSize=6, microBatchSize=4),
+        "spec.training.microBatchSize: 4 does not divide batchSize 6",
+    ),
+    (
+        finetune("b").set("model", {"uri": "gs://models/x", "hfRepo": "google/gemma-4-31B-it"}),
+        "spec.model: set exactly one of uri or hfRepo",
+    ),
+    (
+        finetune("b").set("model.uri", "s3://bucket/m"),
+        "spec.model.uri: 's3://bucket/m' is neither a gs://bucket/path URI (bucket: 3-63 of a-z, 0-9, -, _ and .) nor an absolute path",
+    ),
+    (
+        finetune("b").set("output.uri", "/out"),
+        "spec.output.uri: /out is a local path; set spec.storage.persistentVolumeClaim so the pods can reach it, or use a gs:// URI",
+    ),
+    (
+        finetune("b").set("output.uri", "/out").set("storage", {"persistentVolumeClaim": "pvc", "mountPath": "/data"}),
+        "spec.output.uri: /out is not under spec.storage.mountPath /data",
+    ),
     (finetune("b").set("merge.shardSize", "5 gigs"), "spec.merge.shardSize: '5 gigs' is not a size such as 5GB or 4Gi"),
-    (finetune("b").set("serviceAccountName", "Bad_Name"),
-     "spec.serviceAccountName: 'Bad_Name' is not a valid Kubernetes name (lowercase letters, digits, '-' and '.')"),
+    (
+        finetune("b").set("serviceAccountName", "Bad_Name"),
+        "spec.serviceAccountName: 'Bad_Name' is not a valid Kubernetes name (lowercase letters, digits, '-' and '.')",
+    ),
     (finetune("b").set("trainng", {}), "spec.trainng: unknown field"),
     # Two mounts at one path: the API server refuses the pod (Kubernetes pkg/apis/core/validation,
     # volumeMounts: mountPath "must be unique").
-    (finetune("b").cpu_tiny("/staging"), "spec.storage.mountPath: /staging is where the operator mounts its own "
-     "volumes (/etc/gemma-tpu, /dev/shm, /staging, /gcs); choose another path"),
-]  # fmt: skip
+    (
+        finetune("b").cpu_tiny("/staging"),
+        "spec.storage.mountPath: /staging is where the operator mounts its own "
+        "volumes (/etc/gemma-tpu, /dev/shm, /staging, /gcs); choose another path",
+    ),
+]
 
 
 @pytest.mark.parametrize("builder,message", BAD_SPECS, ids=[m.split(":")[0] for _, m in BAD_SPECS])
@@ -117,7 +158,12 @@ def test_remat_is_what_makes_long_sequences_fit():
     fits = plan(finetune("r").tpu("v5p").set("dataset.maxSeqLen", 4096).training(microBatchSize=1))
     assert fits.memory.fits
     with pytest.raises(SpecError, match="enable training.gradientCheckpointing"):
-        plan(finetune("r").tpu("v5p").set("dataset.maxSeqLen", 4096).training(microBatchSize=1, gradientCheckpointing=False))
+        plan(
+            finetune("r")
+            .tpu("v5p")
+            .set("dataset.maxSeqLen", 4096)
+            .training(microBatchSize=1, gradientCheckpointing=False)
+        )
 
 
 def test_serving_plan():
@@ -127,7 +173,9 @@ def test_serving_plan():
     assert p.memory.fits and p.model_uri == "hf://google/gemma-4-31B-it"
     assert fit.concurrent_sequences(p.memory) > 64
     with pytest.raises(SpecError, match=r"gemma4-31b does not fit v6e-1 \(1x1\) for serving"):
-        plan_serve("s", "ns", serve("s").set("model", {"hfRepo": "google/gemma-4-31B-it"}).tpu("v6e", "1x1").spec, SETTINGS)
+        plan_serve(
+            "s", "ns", serve("s").set("model", {"hfRepo": "google/gemma-4-31B-it"}).tpu("v6e", "1x1").spec, SETTINGS
+        )
     with pytest.raises(SpecError, match="set exactly one of fineTuneRef, uri or hfRepo"):
         plan_serve("s", "ns", {"model": {}}, SETTINGS)
     with pytest.raises(SpecError, match="--api-key must come from a Secret"):
@@ -137,8 +185,11 @@ def test_serving_plan():
 def test_a_serving_volume_may_not_take_a_path_the_vllm_pod_mounts():
     b = serve("s").tpu("cpu").set("model", {"uri": "/tmp/m"})
     b.set("storage", {"persistentVolumeClaim": "d", "mountPath": "/tmp/"})
-    with pytest.raises(SpecError, match=r"spec.storage.mountPath: /tmp/ is where the operator mounts its own volumes "
-                                        r"\(/models/model, /xla-cache, /dev/shm, /cache, /tmp, /staging\)"):
+    with pytest.raises(
+        SpecError,
+        match=r"spec.storage.mountPath: /tmp/ is where the operator mounts its own volumes "
+        r"\(/models/model, /xla-cache, /dev/shm, /cache, /tmp, /staging\)",
+    ):
         plan_serve("s", "ns", b.spec, SETTINGS)
     assert plan_serve("s", "ns", b.set("storage.mountPath", "/tmp/data").set("model.uri", "/tmp/data/m").spec, SETTINGS)
 
@@ -146,5 +197,7 @@ def test_a_serving_volume_may_not_take_a_path_the_vllm_pod_mounts():
 def test_fine_tune_ref_waits_for_the_output():
     p = plan_serve("s", "ns", serve("s").fine_tune("ft").spec, SETTINGS)
     assert p.model_uri is None
-    p2 = plan_serve("s", "ns", serve("s").fine_tune("ft").spec, SETTINGS, model_uri="gs://o/merged", fine_tune_preset="gemma4-31b")
+    p2 = plan_serve(
+        "s", "ns", serve("s").fine_tune("ft").spec, SETTINGS, model_uri="gs://o/merged", fine_tune_preset="gemma4-31b"
+    )
     assert p2.model_uri == "gs://o/merged" and p2.preset == "gemma4-31b" and p2.revision != p.revision

@@ -12,9 +12,19 @@ SETTINGS = OperatorSettings()
 
 
 def estimate(seq_len: int, micro_batch: int = 1, hbm_gib: float = 32.0) -> fit.MemoryEstimate:
-    return fit.training_memory(PRESETS["gemma4-31b"], dtype="bfloat16", fsdp=1, tp=4, micro_batch=micro_batch,
-                               seq_len=seq_len, lora_rank=64, lora_targets=["q_proj", "v_proj"], remat=True,
-                               hbm_gib=hbm_gib, usable_fraction=0.9)
+    return fit.training_memory(
+        PRESETS["gemma4-31b"],
+        dtype="bfloat16",
+        fsdp=1,
+        tp=4,
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        lora_rank=64,
+        lora_targets=["q_proj", "v_proj"],
+        remat=True,
+        hbm_gib=hbm_gib,
+        usable_fraction=0.9,
+    )
 
 
 @pytest.mark.parametrize("seq_len,expected", [(256, "none"), (2048, "dots"), (8192, "full")])

@@ -41,7 +41,16 @@ def test_every_child_of_every_example_is_valid_kubernetes():
             if obj["kind"] != "PodMonitor":  # prometheus-operator kind, checked in test_serving_children
                 validate_object(obj)
             kinds.add(obj["kind"])
-    assert kinds == {"ConfigMap", "Job", "JobSet", "Deployment", "Service", "LeaderWorkerSet", "HorizontalPodAutoscaler", "PodMonitor"}
+    assert kinds == {
+        "ConfigMap",
+        "Job",
+        "JobSet",
+        "Deployment",
+        "Service",
+        "LeaderWorkerSet",
+        "HorizontalPodAutoscaler",
+        "PodMonitor",
+    }
 
 
 def test_render_cli_prints_the_first_phase(capsys):
@@ -51,7 +60,12 @@ def test_render_cli_prints_the_first_phase(capsys):
     assert cli.main_exit(["render", "-f", str(EXAMPLES / "gemma4-31b-v5p8.yaml"), "--phase", "merge"]) == 0
     objs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [o["kind"] for o in objs] == ["ConfigMap", "Job"]
-    assert objs[1]["spec"]["template"]["spec"]["containers"][0]["command"][:4] == ["python", "-m", "gemma_workloads", "merge"]
+    assert objs[1]["spec"]["template"]["spec"]["containers"][0]["command"][:4] == [
+        "python",
+        "-m",
+        "gemma_workloads",
+        "merge",
+    ]
 
 
 def test_render_writes_every_object_in_full(capsys):
@@ -67,8 +81,11 @@ def test_render_writes_every_object_in_full(capsys):
 
 def _write(tmp_path, spec):
     path = tmp_path / "cr.yaml"
-    path.write_text(yaml.safe_dump({"apiVersion": "gemma-tpu.dev/v1alpha1", "kind": "GemmaFineTune",
-                                    "metadata": {"name": "x"}, "spec": spec}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {"apiVersion": "gemma-tpu.dev/v1alpha1", "kind": "GemmaFineTune", "metadata": {"name": "x"}, "spec": spec}
+        )
+    )
     return str(path)
 
 
@@ -91,7 +108,9 @@ def test_bad_input_exits_2_with_one_line_per_problem_and_nothing_on_stdout(tmp_p
     out, err = capsys.readouterr()
     assert out == ""
     assert len(err.splitlines()) == 2
-    assert err.splitlines()[0].startswith("GemmaFineTune/x: spec.tpu.topology: v5p has no topology '9x9x9'; allowed: 2x2x1,")
+    assert err.splitlines()[0].startswith(
+        "GemmaFineTune/x: spec.tpu.topology: v5p has no topology '9x9x9'; allowed: 2x2x1,"
+    )
     assert "spec.model.uri: /models/m is a local path" in err.splitlines()[1]
 
 
@@ -105,8 +124,12 @@ def test_unreadable_and_foreign_documents_are_refused(tmp_path, capsys):
 
 
 def test_plan_refuses_what_cannot_fit(tmp_path, capsys):
-    spec = {**BASE, "model": {"hfRepo": "google/gemma-4-31B-it"}, "dataset": {"uri": "gs://bkt/d", "maxSeqLen": 8192},
-            "tpu": {"accelerator": "v6e", "topology": "2x2"}}  # fmt: skip
+    spec = {
+        **BASE,
+        "model": {"hfRepo": "google/gemma-4-31B-it"},
+        "dataset": {"uri": "gs://bkt/d", "maxSeqLen": 8192},
+        "tpu": {"accelerator": "v6e", "topology": "2x2"},
+    }
     assert cli.main_exit(["plan", "-f", _write(tmp_path, spec)]) == 2
     err = capsys.readouterr().err
     assert "gemma4-31b does not fit v6e-4 (2x2) for training" in err and "GiB per chip needed" in err
@@ -115,7 +138,14 @@ def test_plan_refuses_what_cannot_fit(tmp_path, capsys):
 def test_plan_json_gives_the_derived_values(capsys):
     assert cli.main_exit(["plan", "-o", "json", "-f", str(EXAMPLES / "gemma4-31b-v5p16-multihost.yaml")]) == 0
     [p] = __import__("json").loads(capsys.readouterr().out)
-    assert p["slice"] == {"accelerator": "v5p", "name": "v5p-16", "topology": "2x2x2", "hosts": 2,
-                          "chipsPerHost": 4, "chips": 8, "machineType": "ct5p-hightpu-4t"}  # fmt: skip
+    assert p["slice"] == {
+        "accelerator": "v5p",
+        "name": "v5p-16",
+        "topology": "2x2x2",
+        "hosts": 2,
+        "chipsPerHost": 4,
+        "chips": 8,
+        "machineType": "ct5p-hightpu-4t",
+    }
     assert p["workload"] == "JobSet" and p["mesh"] == {"fsdp": 2, "tp": 4} and p["gradientAccumulation"] == 4
     assert p["hbmPerChip"]["fits"] and p["estimate"]["chipHours"] > 0

@@ -14,8 +14,14 @@ from tests.support.builders import serve
 
 def run(rid: str, **figures: tuple[float, float | None]) -> dict:
     """A status.runs entry: metric=(value, baseline)."""
-    return {"run": rid, "merged": f"gs://out/runs/{rid}/merged", "evaluation": [
-        {"name": k, "value": v, "rows": 40, **({"baseline": b} if b is not None else {})} for k, (v, b) in figures.items()]}  # fmt: skip
+    return {
+        "run": rid,
+        "merged": f"gs://out/runs/{rid}/merged",
+        "evaluation": [
+            {"name": k, "value": v, "rows": 40, **({"baseline": b} if b is not None else {})}
+            for k, (v, b) in figures.items()
+        ],
+    }
 
 
 def gate(*conditions: dict) -> list[api.GateCondition]:
@@ -41,10 +47,22 @@ EXACT_BETTER = {"metric": "exactMatch", "baseline": "better"}
 # gate, the newest run's figures, whether that run passes, and the verdict's reason and words.
 CANDIDATES = [
     (LOSS_BETTER, {"evalLoss": (1.2, 1.8)}, True, "Passed", "evalLoss 1.2 (base 1.8)"),
-    (LOSS_BETTER, {"evalLoss": (2.1, 1.8)}, False, "MetricFailed", "evalLoss 2.1 is not better than the base model's 1.8"),
+    (
+        LOSS_BETTER,
+        {"evalLoss": (2.1, 1.8)},
+        False,
+        "MetricFailed",
+        "evalLoss 2.1 is not better than the base model's 1.8",
+    ),
     (LOSS_BETTER, {"evalLoss": (1.8, 1.8)}, False, "MetricFailed", "is not better than"),  # strict
     (LOSS_NO_WORSE, {"evalLoss": (1.8, 1.8)}, True, "Passed", "evalLoss 1.8"),  # inclusive
-    (LOSS_NO_WORSE, {"evalLoss": (1.81, 1.8)}, False, "MetricFailed", "evalLoss 1.81 is worse than the base model's 1.8"),
+    (
+        LOSS_NO_WORSE,
+        {"evalLoss": (1.81, 1.8)},
+        False,
+        "MetricFailed",
+        "evalLoss 1.81 is worse than the base model's 1.8",
+    ),
     (LOSS_BETTER, {"evalLoss": (1.2, None)}, False, "MetricMissing", "evalLoss has no base model figure"),
     (LOSS_MAX, {"evalLoss": (1.6, 1.8)}, True, "Passed", "evalLoss 1.6"),  # inclusive
     (LOSS_MAX, {"evalLoss": (1.61, 1.8)}, False, "MetricFailed", "evalLoss 1.61 is above the maximum 1.6"),
@@ -53,7 +71,13 @@ CANDIDATES = [
     (EXACT_MIN, {"exactMatch": (0.55, 0.1)}, False, "MetricFailed", "exactMatch 0.55 is below the minimum 0.6"),
     (EXACT_MIN, {"evalLoss": (1.2, 1.8)}, False, "MetricMissing", "did not produce exactMatch (it reported evalLoss)"),
     (EXACT_BETTER, {"exactMatch": (0.3, 0.2)}, True, "Passed", "exactMatch 0.3 (base 0.2)"),  # higher is better
-    (EXACT_BETTER, {"exactMatch": (0.2, 0.2)}, False, "MetricFailed", "exactMatch 0.2 is not better than the base model's 0.2"),
+    (
+        EXACT_BETTER,
+        {"exactMatch": (0.2, 0.2)},
+        False,
+        "MetricFailed",
+        "exactMatch 0.2 is not better than the base model's 0.2",
+    ),
 ]
 
 # (state, the newest run passes) -> (action, the run served afterwards: None for nothing).
@@ -107,7 +131,8 @@ def test_every_condition_must_hold_and_the_first_failure_is_named():
     assert not sel.verdict.passed and sel.verdict.message == "run r2: exactMatch 0.5 is below the minimum 0.6"
     one_bound_of_two = gate({"metric": "exactMatch", "min": 0.4, "baseline": "better"})
     assert rollout_gate.check(one_bound_of_two, run("r3", exactMatch=(0.5, 0.6))).message == (
-        "run r3: exactMatch 0.5 is not better than the base model's 0.6")
+        "run r3: exactMatch 0.5 is not better than the base model's 0.6"
+    )
 
 
 @pytest.mark.parametrize(("served", "action"), [(None, Action.WAIT), (OLDER["merged"], Action.KEEP)])
@@ -131,16 +156,25 @@ def test_the_api_knows_the_workload_metrics_and_their_direction():
         assert (LOWER_IS_BETTER.__contains__(metric), "better") in rollout_gate.BASELINE
 
 
-@pytest.mark.parametrize(("rollout", "problem"), [
-    ({"gate": [{"metric": "bleu", "min": 1}]},
-     "spec.rollout.gate.0.metric: Input should be 'evalLoss', 'perplexity', 'exactMatch', 'contains' or 'regexMatch'"),
-    ({"gate": [{"metric": "evalLoss"}]}, "spec.rollout.gate.0: gate on evalLoss: set min, max or baseline"),
-    ({"gate": [{"metric": "exactMatch", "min": 0.8, "max": 0.5}]}, "min 0.8 is above max 0.5: nothing could pass"),
-    ({"gate": [{"metric": "evalLoss", "min": 1.0}]},
-     "spec.rollout.gate.0.min: evalLoss is better lower, so bound it with max (or baseline), not min"),
-    ({"gate": [{"metric": "contains", "max": 0.9}]},
-     "spec.rollout.gate.0.max: contains is better higher, so bound it with min (or baseline), not max"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("rollout", "problem"),
+    [
+        (
+            {"gate": [{"metric": "bleu", "min": 1}]},
+            "spec.rollout.gate.0.metric: Input should be 'evalLoss', 'perplexity', 'exactMatch', 'contains' or 'regexMatch'",
+        ),
+        ({"gate": [{"metric": "evalLoss"}]}, "spec.rollout.gate.0: gate on evalLoss: set min, max or baseline"),
+        ({"gate": [{"metric": "exactMatch", "min": 0.8, "max": 0.5}]}, "min 0.8 is above max 0.5: nothing could pass"),
+        (
+            {"gate": [{"metric": "evalLoss", "min": 1.0}]},
+            "spec.rollout.gate.0.min: evalLoss is better lower, so bound it with max (or baseline), not min",
+        ),
+        (
+            {"gate": [{"metric": "contains", "max": 0.9}]},
+            "spec.rollout.gate.0.max: contains is better higher, so bound it with min (or baseline), not max",
+        ),
+    ],
+)
 def test_bad_gates_are_refused_naming_the_field(rollout, problem):
     spec = serve("chat").fine_tune("ft").set("rollout", rollout).spec
     with pytest.raises(SpecError) as e:
@@ -151,17 +185,26 @@ def test_bad_gates_are_refused_naming_the_field(rollout, problem):
 def test_a_gate_or_a_pin_needs_a_fine_tune():
     with pytest.raises(SpecError) as e:
         parse(api.GemmaServeSpec, serve("chat").set("rollout", {"gate": [LOSS_BETTER]}).spec)
-    assert e.value.problems == ["spec: rollout.gate is only used with model.fineTuneRef: evaluations come from a fine-tune's runs"]
+    assert e.value.problems == [
+        "spec: rollout.gate is only used with model.fineTuneRef: evaluations come from a fine-tune's runs"
+    ]
     with pytest.raises(SpecError) as e:
         parse(api.GemmaServeSpec, serve("chat").set("model", {"fineTuneRef": {"name": "ft", "run": "HEAD~1"}}).spec)
     assert e.value.problems[0].startswith("spec.model.fineTuneRef.run: 'HEAD~1'")
 
 
 def test_plan_shows_the_gate_in_words():
-    spec = serve("chat").fine_tune("ft").set("rollout", {"gate": [LOSS_BETTER, EXACT_MIN, {"metric": "contains", "min": 0.5, "baseline": "noWorse"}]}).spec
+    spec = (
+        serve("chat")
+        .fine_tune("ft")
+        .set("rollout", {"gate": [LOSS_BETTER, EXACT_MIN, {"metric": "contains", "min": 0.5, "baseline": "noWorse"}]})
+        .spec
+    )
     p = plan_serve("chat", "default", spec, OperatorSettings(), model_uri="gs://out/m")
-    assert ("  rollout gate:  evalLoss better than the base model, exactMatch >= 0.6, "
-            "contains >= 0.5 and no worse than the base model") in plan_text.as_text(p).splitlines()
+    assert (
+        "  rollout gate:  evalLoss better than the base model, exactMatch >= 0.6, "
+        "contains >= 0.5 and no worse than the base model"
+    ) in plan_text.as_text(p).splitlines()
     assert plan_text.as_dict(p)["rolloutGate"][1] == {"metric": "exactMatch", "min": 0.6}
     bare = plan_serve("chat", "default", serve("chat").fine_tune("ft").spec, OperatorSettings(), model_uri="gs://out/m")
     assert "  rollout gate:  none (every new output rolls out)" in plan_text.as_text(bare).splitlines()

@@ -27,7 +27,11 @@ def render(b, settings=SETTINGS, **kw):
 
 
 def container(workload, role="leaderTemplate"):
-    tmpl = workload["spec"]["template"] if workload["kind"] == "Deployment" else workload["spec"]["leaderWorkerTemplate"][role]
+    tmpl = (
+        workload["spec"]["template"]
+        if workload["kind"] == "Deployment"
+        else workload["spec"]["leaderWorkerTemplate"][role]
+    )
     return tmpl, tmpl["spec"]["containers"][0]
 
 
@@ -54,7 +58,9 @@ def test_v6e8_serves_a_merged_output_from_cloud_storage():
     # Least privilege: no API token, read-only root, no privilege escalation, no capabilities.
     assert tmpl["spec"]["automountServiceAccountToken"] is False
     sc = c["securityContext"]
-    assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"] == {"drop": ["ALL"]}
+    assert (
+        sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"] == {"drop": ["ALL"]}
+    )
     assert {m["mountPath"] for m in c["volumeMounts"]} >= {"/tmp", "/cache", "/dev/shm", "/models/model"}
     assert "VLLM_XLA_CACHE_PATH" not in str(c["env"]), "no cache configured: restarts recompile"
     assert objs["Service"]["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
@@ -71,7 +77,10 @@ def test_api_key_and_hf_token_come_from_secrets():
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in c["env"]
     probe = c["readinessProbe"]["exec"]["command"][2]
     assert "/v1/models" in probe and "VLLM_API_KEY" in probe, "with a key, the probe presents it"
-    assert "volumes" not in str(tmpl["metadata"]["annotations"]) and "gke-gcsfuse/volumes" not in tmpl["metadata"]["annotations"]
+    assert (
+        "volumes" not in str(tmpl["metadata"]["annotations"])
+        and "gke-gcsfuse/volumes" not in tmpl["metadata"]["annotations"]
+    )
 
 
 @pytest.mark.parametrize("topology", ["2x4", "4x4"])  # a Deployment pod; every host of a LeaderWorkerSet group
@@ -99,24 +108,35 @@ def test_an_hf_model_is_downloaded_onto_a_disk_sized_for_it(topology):
 
 
 def test_local_path_on_a_volume_claim():
-    b = serve("s").set("model", {"uri": "/data/merged"}).set("storage", {"persistentVolumeClaim": "models", "mountPath": "/data"})
+    b = (
+        serve("s")
+        .set("model", {"uri": "/data/merged"})
+        .set("storage", {"persistentVolumeClaim": "models", "mountPath": "/data"})
+    )
     _, objs = render(b)
     tmpl, c = container(objs["Deployment"])
     assert "--model=/data/merged" in c["args"]
     assert {"name": "storage", "persistentVolumeClaim": {"claimName": "models"}} in tmpl["spec"]["volumes"]
 
 
-@pytest.mark.parametrize("cache,volume", [({"uri": "gs://xla/cache"}, "csi"), ({"pvc": "xla"}, "persistentVolumeClaim")])
+@pytest.mark.parametrize(
+    "cache,volume", [({"uri": "gs://xla/cache"}, "csi"), ({"pvc": "xla"}, "persistentVolumeClaim")]
+)
 def test_compilation_cache_persists_across_restarts(cache, volume):
     p, objs = render(serve("s").set("compilationCache", cache))
     tmpl, c = container(objs["Deployment"])
     vol = next(v for v in tmpl["spec"]["volumes"] if v["name"] == "xla-cache")
     assert volume in vol
     if volume == "csi":
-        assert vol["csi"]["readOnly"] is False and vol["csi"]["volumeAttributes"]["mountOptions"] == "implicit-dirs,only-dir=cache"
+        assert (
+            vol["csi"]["readOnly"] is False
+            and vol["csi"]["volumeAttributes"]["mountOptions"] == "implicit-dirs,only-dir=cache"
+        )
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["VLLM_XLA_CACHE_PATH"] == f"/xla-cache/{compile_cache_key(p)}"
-    other = plan_serve("s", "ns", serve("s").set("compilationCache", cache).set("vllm", {"image": "vllm/vllm-tpu:v2"}).spec, SETTINGS)
+    other = plan_serve(
+        "s", "ns", serve("s").set("compilationCache", cache).set("vllm", {"image": "vllm/vllm-tpu:v2"}).spec, SETTINGS
+    )
     assert compile_cache_key(other) != compile_cache_key(p), "a new image never reads old compiled programs"
 
 
@@ -125,7 +145,9 @@ def test_startup_budget_is_configurable_but_not_below_what_31b_needs():
     _, c = container(objs["Deployment"])
     assert c["startupProbe"]["failureThreshold"] == 180
     with pytest.raises(SpecError, match=r"spec.startupTimeoutSeconds: 300 is too short for gemma4-31b"):
-        plan_serve("s", "ns", serve("s").set("startupTimeoutSeconds", 300).spec, SETTINGS, fine_tune_preset="gemma4-31b")
+        plan_serve(
+            "s", "ns", serve("s").set("startupTimeoutSeconds", 300).spec, SETTINGS, fine_tune_preset="gemma4-31b"
+        )
 
 
 def test_rollout_can_surge_when_capacity_allows_but_not_stall():
@@ -176,8 +198,10 @@ def test_autoscaling_and_pod_monitor():
     hpa = objs["HorizontalPodAutoscaler"]
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "s-vllm"}
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 4)
-    assert hpa["spec"]["metrics"][0]["pods"] == {"metric": {"name": "vllm:num_requests_waiting"},
-                                                 "target": {"type": "AverageValue", "averageValue": "2500m"}}  # fmt: skip
+    assert hpa["spec"]["metrics"][0]["pods"] == {
+        "metric": {"name": "vllm:num_requests_waiting"},
+        "target": {"type": "AverageValue", "averageValue": "2500m"},
+    }
     assert "replicas" not in objs["Deployment"]["spec"], "the HPA owns the replica count"
     pm = objs["PodMonitor"]
     assert pm["apiVersion"] == "monitoring.coreos.com/v1"

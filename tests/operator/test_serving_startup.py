@@ -31,12 +31,15 @@ def env(container: dict) -> dict[str, str]:
     return {e["name"]: e.get("value") for e in container["env"]}
 
 
-@pytest.mark.parametrize("b, preset", [
-    (serve("s"), "gemma4-31b"),
-    (serve("s").tpu("v6e", "4x4"), "gemma4-31b"),
-    (serve("s").set("startupTimeoutSeconds", 3600), "gemma4-31b"),
-    (serve("s").tpu("cpu").set("model", {"uri": "/data/m"}).set("storage", {"persistentVolumeClaim": "d"}), None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "b, preset",
+    [
+        (serve("s"), "gemma4-31b"),
+        (serve("s").tpu("v6e", "4x4"), "gemma4-31b"),
+        (serve("s").set("startupTimeoutSeconds", 3600), "gemma4-31b"),
+        (serve("s").tpu("cpu").set("model", {"uri": "/data/m"}).set("storage", {"persistentVolumeClaim": "d"}), None),
+    ],
+)
 def test_the_engine_waits_as_long_as_the_startup_probe(b, preset):
     c = containers(workload(b, fine_tune_preset=preset))
     served = c.get("server") or c["leader"]
@@ -92,8 +95,13 @@ def test_the_leader_starts_vllm_only_once_ray_is_up(tmp_path, launcher_exit):
     script.write_text(f'echo "$@" >> {calls}\nexit {launcher_exit}\n')
     settings = OperatorSettings(images=Images(serving_tpu_ray_script=str(script)))
     c = containers(workload(serve("s").tpu("v6e", "4x4"), settings, fine_tune_preset="gemma4-31b"))
-    leader = dict(c["leader"], command=[*c["leader"]["command"][:2],
-                                        c["leader"]["command"][2].replace("exec python3 -m", "exec echo STARTED")])
+    leader = dict(
+        c["leader"],
+        command=[
+            *c["leader"]["command"][:2],
+            c["leader"]["command"][2].replace("exec python3 -m", "exec echo STARTED"),
+        ],
+    )
     result = run_as_kubelet(leader, {"LWS_GROUP_SIZE": "4"})
     assert calls.read_text() == "leader --ray_cluster_size=4 --ray_init_timeout=914\n"
     if launcher_exit:

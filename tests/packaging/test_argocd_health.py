@@ -15,13 +15,29 @@ HEALTH = Path(__file__).resolve().parents[2] / "charts" / "gemma-tpu-operator" /
 # (argo-cd docs/operator-manual/health.md).
 KEYS = {kind.kind: f"resource.customizations.health.{api.GROUP}_{kind.kind}" for kind in (api.FINETUNE, api.SERVE)}
 EXPECTED = {
-    "GemmaFineTune": {"Pending": "Progressing", "Pending (JobSet missing)": "Degraded", "Training": "Progressing", "Suspended": "Suspended", "Merging": "Progressing",
-                      "Succeeded": "Healthy", "Failed": "Degraded", "Failed (invalid spec)": "Degraded"},
-    "GemmaServe": {"WaitingForModel": "Progressing", "WaitingForModel (fine-tune failed)": "Degraded", "Deploying": "Progressing",
-                   "Ready": "Healthy", "Deploying (rollout stuck)": "Degraded", "Failed": "Degraded",
-                   "Failed (invalid spec)": "Degraded", "WaitingForModel (no run passes the gate)": "Degraded",
-                   "Ready (the newest run fails the gate)": "Healthy", "Ready (pinned run not found)": "Degraded"},
-}  # fmt: skip
+    "GemmaFineTune": {
+        "Pending": "Progressing",
+        "Pending (JobSet missing)": "Degraded",
+        "Training": "Progressing",
+        "Suspended": "Suspended",
+        "Merging": "Progressing",
+        "Succeeded": "Healthy",
+        "Failed": "Degraded",
+        "Failed (invalid spec)": "Degraded",
+    },
+    "GemmaServe": {
+        "WaitingForModel": "Progressing",
+        "WaitingForModel (fine-tune failed)": "Degraded",
+        "Deploying": "Progressing",
+        "Ready": "Healthy",
+        "Deploying (rollout stuck)": "Degraded",
+        "Failed": "Degraded",
+        "Failed (invalid spec)": "Degraded",
+        "WaitingForModel (no run passes the gate)": "Degraded",
+        "Ready (the newest run fails the gate)": "Healthy",
+        "Ready (pinned run not found)": "Degraded",
+    },
+}
 STATUSES = {"GemmaFineTune": finetune_statuses(), "GemmaServe": serve_statuses()}
 
 
@@ -34,7 +50,11 @@ def health(kind: str, obj: dict) -> dict:
 
 
 def resource(kind: str, status: dict | None, generation: int = 1) -> dict:
-    obj = {"apiVersion": api.API_VERSION, "kind": kind, "metadata": {"name": "x", "namespace": "ml", "generation": generation}}
+    obj = {
+        "apiVersion": api.API_VERSION,
+        "kind": kind,
+        "metadata": {"name": "x", "namespace": "ml", "generation": generation},
+    }
     return obj if status is None else {**obj, "status": status}
 
 

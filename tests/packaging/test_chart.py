@@ -21,9 +21,11 @@ VARIANTS = {
     "crds-disabled": {"crds": {"enabled": False}},
     "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}}},
     "replicas-2": {"replicas": 2},
-    "workload-identity": {"serviceAccount": {"gcpServiceAccount": "gemma-operator@proj.iam.gserviceaccount.com"},
-                          "workloads": {"serviceAccount": {"gcpServiceAccount": "gemma-train@proj.iam.gserviceaccount.com"}}},
-}  # fmt: skip
+    "workload-identity": {
+        "serviceAccount": {"gcpServiceAccount": "gemma-operator@proj.iam.gserviceaccount.com"},
+        "workloads": {"serviceAccount": {"gcpServiceAccount": "gemma-train@proj.iam.gserviceaccount.com"}},
+    },
+}
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Namespace"}
 
 
@@ -62,26 +64,52 @@ def test_every_object_is_valid(variant):
 def test_default_install():
     objs = objects()
     kinds = sorted(o["kind"] for o in objs)
-    assert kinds == sorted(["CustomResourceDefinition"] * 2 + ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment",
-                                                              "Service", "ServiceAccount", "ServiceAccount"])  # fmt: skip
+    assert kinds == sorted(
+        ["CustomResourceDefinition"] * 2
+        + [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "Deployment",
+            "Service",
+            "ServiceAccount",
+            "ServiceAccount",
+        ]
+    )
     dep = one(objs, "Deployment")
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
     c = container(objs)
     assert c["args"][:2] == ["operator", "--standalone"] and not flag(c, "leader-election-lease")
     assert c["image"] == "ghcr.io/gemma-tpu-operator/operator:0.1.0"
     binding = one(objs, "ClusterRoleBinding")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": dep["spec"]["template"]["spec"]["serviceAccountName"],
-                                    "namespace": NAMESPACE}]  # fmt: skip
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": dep["spec"]["template"]["spec"]["serviceAccountName"],
+            "namespace": NAMESPACE,
+        }
+    ]
 
 
 def test_hardened_pod():
     pod = one(objects(), "Deployment")["spec"]["template"]["spec"]
-    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
-                                      "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     c = pod["containers"][0]
-    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                    "capabilities": {"drop": ["ALL"]}}  # fmt: skip
-    assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"] and c["resources"]["limits"]["memory"]
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert (
+        c["resources"]["requests"]["cpu"]
+        and c["resources"]["requests"]["memory"]
+        and c["resources"]["limits"]["memory"]
+    )
     assert {m["mountPath"] for m in c["volumeMounts"]} == {"/etc/gemma-tpu", "/tmp"}, "writable /tmp only"
 
 
@@ -103,7 +131,9 @@ def test_metrics_port_service_and_service_monitor():
     assert svc["spec"]["selector"].items() <= pod_labels.items()
     assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [svc["metadata"]["namespace"]]}
-    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}]
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+    ]
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert not [o for o in objects() if o["kind"] == "ServiceMonitor"], "off by default"
 
@@ -118,7 +148,10 @@ def test_settings_are_operator_settings_with_the_workloads_service_account():
     mount = next(m for m in c["volumeMounts"] if m["name"] == "settings")
     assert flag(c, "settings") == [f"{mount['mountPath']}/settings.yaml"]
     pod = one(objs, "Deployment")["spec"]["template"]
-    assert next(v for v in pod["spec"]["volumes"] if v["name"] == "settings")["configMap"]["name"] == cm["metadata"]["name"]
+    assert (
+        next(v for v in pod["spec"]["volumes"] if v["name"] == "settings")["configMap"]["name"]
+        == cm["metadata"]["name"]
+    )
     other = one(objects({"settings": {"kueue_queue": "team-b"}}), "Deployment")["spec"]["template"]
     assert pod["metadata"]["annotations"] != other["metadata"]["annotations"], "a settings change rolls the pods"
 
@@ -142,8 +175,14 @@ def test_workload_identity_annotations():
     objs = objects(VARIANTS["workload-identity"])
     accounts = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ServiceAccount"}
     annotation = "iam.gke.io/gcp-service-account"
-    assert accounts["gemma-tpu-operator"]["metadata"]["annotations"][annotation] == "gemma-operator@proj.iam.gserviceaccount.com"
-    assert accounts["gemma-tpu-workloads"]["metadata"]["annotations"][annotation] == "gemma-train@proj.iam.gserviceaccount.com"
+    assert (
+        accounts["gemma-tpu-operator"]["metadata"]["annotations"][annotation]
+        == "gemma-operator@proj.iam.gserviceaccount.com"
+    )
+    assert (
+        accounts["gemma-tpu-workloads"]["metadata"]["annotations"][annotation]
+        == "gemma-train@proj.iam.gserviceaccount.com"
+    )
     assert "annotations" not in one(objects(), "ServiceAccount", "gemma-tpu-workloads")["metadata"]
 
 
@@ -152,7 +191,11 @@ def test_namespaced_mode_has_no_cluster_scoped_rights():
     assert {o["kind"] for o in objs} & CLUSTER_SCOPED == set()
     roles = [o for o in objs if o["kind"] in ("Role", "RoleBinding")]
     assert sorted((o["kind"], o["metadata"]["namespace"]) for o in roles) == [
-        ("Role", "lab"), ("Role", "ml"), ("RoleBinding", "lab"), ("RoleBinding", "ml")]  # fmt: skip
+        ("Role", "lab"),
+        ("Role", "ml"),
+        ("RoleBinding", "lab"),
+        ("RoleBinding", "ml"),
+    ]
     assert flag(container(objs), "namespace") == ["ml", "lab"]
 
 
@@ -191,21 +234,24 @@ def test_versions_agree():
     assert OperatorSettings().images.workloads.endswith(f":{version}")
 
 
-@pytest.mark.parametrize("values, where", [
-    ({"replicas": "two"}, "/replicas"),
-    ({"replicas": 0}, "/replicas"),
-    ({"watchNamespaces": "ml"}, "/watchNamespaces"),
-    ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
-    ({"crds": {"enabled": "yes"}}, "/crds/enabled"),
-    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
-    ({"metrics": {"port": 70000}}, "/metrics/port"),
-    ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
-    ({"serviceAccount": {"gcpServiceAccount": "not-an-email"}}, "/serviceAccount/gcpServiceAccount"),
-    ({"settings": {"prices_per_chip_hour": {"v5p": "cheap"}}}, "/settings/prices_per_chip_hour/v5p"),
-    ({"settings": {"hbm_usable_fraction": 1.5}}, "/settings/hbm_usable_fraction"),
-    ({"settings": {"imagez": {}}}, "/settings"),
-    ({"replica": 2}, ""),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "values, where",
+    [
+        ({"replicas": "two"}, "/replicas"),
+        ({"replicas": 0}, "/replicas"),
+        ({"watchNamespaces": "ml"}, "/watchNamespaces"),
+        ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
+        ({"crds": {"enabled": "yes"}}, "/crds/enabled"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        ({"metrics": {"port": 70000}}, "/metrics/port"),
+        ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
+        ({"serviceAccount": {"gcpServiceAccount": "not-an-email"}}, "/serviceAccount/gcpServiceAccount"),
+        ({"settings": {"prices_per_chip_hour": {"v5p": "cheap"}}}, "/settings/prices_per_chip_hour/v5p"),
+        ({"settings": {"hbm_usable_fraction": 1.5}}, "/settings/hbm_usable_fraction"),
+        ({"settings": {"imagez": {}}}, "/settings"),
+        ({"replica": 2}, ""),
+    ],
+)
 def test_the_schema_refuses_bad_values(values, where):
     chart = helm_python.Chart.load(str(CHART))
     with pytest.raises(helm_python.HelmValuesError) as e:

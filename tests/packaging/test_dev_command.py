@@ -40,9 +40,12 @@ def gemma_tpu(tmp_path, *argv: str, entry_points: dict | None = None, devcluster
     info = site / "gemma_tpu_commands-0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gemma-tpu-commands\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("".join(
-        f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in names.items())
-        for group, names in (entry_points or {}).items()))  # fmt: skip
+    (info / "entry_points.txt").write_text(
+        "".join(
+            f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in names.items())
+            for group, names in (entry_points or {}).items()
+        )
+    )
     code = ("" if devcluster else WITHOUT_DEVCLUSTER) + textwrap.dedent(f"""
         import importlib.metadata, sys
         sys.path.insert(0, {str(site)!r})
@@ -64,7 +67,11 @@ def test_pyproject_registers_the_dev_command_of_the_local_cluster():
 def test_dev_arguments_are_parsed_by_the_local_cluster(tmp_path):
     done = gemma_tpu(tmp_path, "dev", "--help", entry_points=ENTRY_POINTS)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: gemma-tpu dev") and "--vllm-python" in done.stdout and "--keep-running" in done.stdout
+    assert (
+        done.stdout.startswith("usage: gemma-tpu dev")
+        and "--vllm-python" in done.stdout
+        and "--keep-running" in done.stdout
+    )
 
 
 @pytest.mark.parametrize("case", ["package missing", "command not registered"])

@@ -22,7 +22,9 @@ PYTHON = re.match(r">=(\d+\.\d+)", PYPROJECT["project"]["requires-python"]).grou
 
 def instructions(path) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(row for row in path.read_text().splitlines() if not row.lstrip().startswith("#")))
+    text = re.sub(
+        r"\\\n", " ", "\n".join(row for row in path.read_text().splitlines() if not row.lstrip().startswith("#"))
+    )
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in text.splitlines() if line.strip()]
 
 
@@ -77,7 +79,9 @@ def test_no_image_ships_the_local_cluster(image):
 def test_the_operator_entrypoint_runs_what_the_chart_asks():
     assert only(DOCKERFILES["operator"], "ENTRYPOINT") == ['["gemma-tpu"]']
     assert PYPROJECT["project"]["scripts"]["gemma-tpu"] == "gemma_operator.cli:main"
-    args = one(objects({"replicas": 2, "watchNamespaces": ["ml"]}), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = one(objects({"replicas": 2, "watchNamespaces": ["ml"]}), "Deployment")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
     parsed = build_parser().parse_args(args)  # exits on an unknown flag
     assert parsed.command == "operator" and parsed.standalone and parsed.namespace == ["ml"]
 
@@ -88,7 +92,9 @@ def workload_commands() -> dict[str, list[str]]:
     settings = OperatorSettings()
     plans, problems = plan_documents(docs, settings)
     assert not problems
-    jobs = [o for _, p in plans for o in training_objects(p, settings) + merge_objects(p, settings) if o["kind"] == "Job"]
+    jobs = [
+        o for _, p in plans for o in training_objects(p, settings) + merge_objects(p, settings) if o["kind"] == "Job"
+    ]
     return {c["name"]: c["command"] for j in jobs for c in j["spec"]["template"]["spec"]["containers"]}
 
 
@@ -107,8 +113,14 @@ def test_the_images_named_are_the_images_built():
     registry, version = makefile_var("REGISTRY"), makefile_var("VERSION")
     assert version == PYPROJECT["project"]["version"]
     builds = dict(re.findall(r"docker build -f (\S+) -t (\S+) \.", (ROOT / "Makefile").read_text()))
-    assert builds == {"operator/Dockerfile": "$(REGISTRY)/operator:$(VERSION)",
-                      "workloads/Dockerfile": "$(REGISTRY)/workloads:$(VERSION)"}  # fmt: skip
+    assert builds == {
+        "operator/Dockerfile": "$(REGISTRY)/operator:$(VERSION)",
+        "workloads/Dockerfile": "$(REGISTRY)/workloads:$(VERSION)",
+    }
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["image"]["repository"] == f"{registry}/operator"
-    assert values["settings"]["images"]["workloads"] == OperatorSettings().images.workloads == f"{registry}/workloads:{version}"
+    assert (
+        values["settings"]["images"]["workloads"]
+        == OperatorSettings().images.workloads
+        == f"{registry}/workloads:{version}"
+    )

@@ -19,8 +19,24 @@ from pathlib import Path
 import pytest
 from scripts.manifests import ROOT
 
-SOURCES = {"gemma_operator": ROOT / "operator", "gemma_workloads": ROOT / "workloads", "gemma_devcluster": ROOT / "devcluster"}
-ML_STACK = {"jax", "jaxlib", "flax", "optax", "tunix", "qwix", "orbax", "torch", "transformers", "safetensors", "tokenizers"}
+SOURCES = {
+    "gemma_operator": ROOT / "operator",
+    "gemma_workloads": ROOT / "workloads",
+    "gemma_devcluster": ROOT / "devcluster",
+}
+ML_STACK = {
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+    "tunix",
+    "qwix",
+    "orbax",
+    "torch",
+    "transformers",
+    "safetensors",
+    "tokenizers",
+}
 # The operator's layers, lowest first; a module not named here is in the foundation (types, facts, I/O helpers).
 OPERATOR_LAYERS = [
     ("foundation", ()),
@@ -33,11 +49,20 @@ OPERATOR_LAYERS = [
 ]
 WORKLOAD_PROGRAMS = ("gemma_workloads.training", "gemma_workloads.merging")
 # The shared modules that import a program, and what of it.
-PROGRAM_IMPORTERS = {"gemma_workloads.runner": WORKLOAD_PROGRAMS,
-                     "gemma_workloads.preflight": ("gemma_workloads.merging.checkpoint_reader",
-                                                  "gemma_workloads.training.evaluation.rows")}  # fmt: skip
-API_MAY_IMPORT = {"pydantic", "gemma_workloads.config", "gemma_operator.vllm_flags", "gemma_operator.tpu",
-                  "gemma_operator.model_shapes"}  # fmt: skip
+PROGRAM_IMPORTERS = {
+    "gemma_workloads.runner": WORKLOAD_PROGRAMS,
+    "gemma_workloads.preflight": (
+        "gemma_workloads.merging.checkpoint_reader",
+        "gemma_workloads.training.evaluation.rows",
+    ),
+}
+API_MAY_IMPORT = {
+    "pydantic",
+    "gemma_workloads.config",
+    "gemma_operator.vllm_flags",
+    "gemma_operator.tpu",
+    "gemma_operator.model_shapes",
+}
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -55,7 +80,9 @@ def _imports(path: Path, module: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             if base == "__future__":
                 continue
             submodules = {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES}
@@ -80,21 +107,34 @@ def of(package: str) -> list[str]:
 
 
 def test_every_package_is_read():
-    assert {"gemma_operator.api", "gemma_operator.plan.finetune", "gemma_workloads.config", "gemma_devcluster.dev",
-            "gemma_workloads.training.trainer", "gemma_workloads.merging.merger"} <= set(MODULES)
+    assert {
+        "gemma_operator.api",
+        "gemma_operator.plan.finetune",
+        "gemma_workloads.config",
+        "gemma_devcluster.dev",
+        "gemma_workloads.training.trainer",
+        "gemma_workloads.merging.merger",
+    } <= set(MODULES)
 
 
 @pytest.mark.parametrize("module", of("gemma_operator"))
 def test_the_operator_imports_no_ml_stack_no_local_cluster_and_only_the_workloads_contract(module):
-    wrong = sorted(i for i in IMPORTS[module] if _top(i) in ML_STACK | {"gemma_devcluster", "kmock"}
-                   or (_top(i) == "gemma_workloads" and i != "gemma_workloads.config"))  # fmt: skip
+    wrong = sorted(
+        i
+        for i in IMPORTS[module]
+        if _top(i) in ML_STACK | {"gemma_devcluster", "kmock"}
+        or (_top(i) == "gemma_workloads" and i != "gemma_workloads.config")
+    )
     assert not wrong, f"{module} imports {wrong}"
 
 
 def test_the_api_imports_pydantic_the_standard_library_and_the_contract_only():
     for module in ("gemma_operator.api", "gemma_operator.vllm_flags"):
-        wrong = sorted(i for i in IMPORTS[module] if _top(i) not in sys.stdlib_module_names and i not in API_MAY_IMPORT
-                       and not _within(i, ("pydantic",)))  # fmt: skip
+        wrong = sorted(
+            i
+            for i in IMPORTS[module]
+            if _top(i) not in sys.stdlib_module_names and i not in API_MAY_IMPORT and not _within(i, ("pydantic",))
+        )
         assert not wrong, f"{module} imports {wrong}"
 
 
@@ -112,7 +152,9 @@ def test_training_and_merging_never_import_each_other_and_only_the_runner_import
 
 def test_the_contract_is_pydantic_only():
     """The operator imports it: it must never pull JAX into the operator's image."""
-    wrong = [i for i in IMPORTS["gemma_workloads.config"] if _top(i) not in sys.stdlib_module_names | {"pydantic", "yaml"}]
+    wrong = [
+        i for i in IMPORTS["gemma_workloads.config"] if _top(i) not in sys.stdlib_module_names | {"pydantic", "yaml"}
+    ]
     assert not wrong, wrong
 
 
@@ -122,7 +164,9 @@ def _layer(module: str) -> int:
 
 @pytest.mark.parametrize("module", of("gemma_operator"))
 def test_operator_layers_import_only_downwards(module):
-    upward = sorted(i for i in IMPORTS[module] if _top(i) == "gemma_operator" and i in MODULES and _layer(i) > _layer(module))
+    upward = sorted(
+        i for i in IMPORTS[module] if _top(i) == "gemma_operator" and i in MODULES and _layer(i) > _layer(module)
+    )
     assert not upward, f"{module} ({OPERATOR_LAYERS[_layer(module)][0]}) imports a higher layer: {upward}"
 
 
@@ -135,7 +179,7 @@ def test_no_import_cycle():
         state[m] = 1
         for n in sorted(ours[m]):
             if state.get(n) == 1 and not m.startswith(n + "."):
-                raise AssertionError("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(n) :] + [n]))
             if n not in state:
                 visit(n, path + [n])
         state[m] = 2

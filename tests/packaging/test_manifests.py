@@ -17,8 +17,12 @@ def test_nothing_generated_is_out_of_date():
 
 def test_the_plain_install_is_the_chart_with_fixed_values_plus_crds_and_namespace():
     kustomization = yaml.safe_load((manifests.MANIFESTS / "kustomization.yaml").read_text())
-    docs = [doc for name in kustomization["resources"]
-            for doc in yaml.safe_load_all((manifests.MANIFESTS / name).read_text()) if doc]  # fmt: skip
+    docs = [
+        doc
+        for name in kustomization["resources"]
+        for doc in yaml.safe_load_all((manifests.MANIFESTS / name).read_text())
+        if doc
+    ]
     for doc in docs:
         validate_builtin(doc)
     rest = [d for d in docs if d["kind"] not in ("CustomResourceDefinition", "Namespace")]
@@ -26,5 +30,6 @@ def test_the_plain_install_is_the_chart_with_fixed_values_plus_crds_and_namespac
     namespaces = {d["metadata"].get("namespace") for d in rest} - {None}
     assert namespaces == {manifests.NAMESPACE} == {d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"}
     assert sorted(d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition") == [
-        "gemmafinetunes.gemma-tpu.dev", "gemmaserves.gemma-tpu.dev"]  # fmt: skip
-
+        "gemmafinetunes.gemma-tpu.dev",
+        "gemmaserves.gemma-tpu.dev",
+    ]

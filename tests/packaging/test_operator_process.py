@@ -42,8 +42,11 @@ async def test_metrics_health_and_rbac_of_the_operator_process(apiserver, cluste
         await cluster.job_running(NS, train)
         running_since = time.monotonic()
         await cluster.phase("GemmaFineTune", NS, "ft", "Training")
-        m = await until(lambda: _scraped_with(metrics_port, "gemma_tpu_active_chips", accelerator="v5p"), log=log,
-                        message="active chips")  # fmt: skip
+        m = await until(
+            lambda: _scraped_with(metrics_port, "gemma_tpu_active_chips", accelerator="v5p"),
+            log=log,
+            message="active chips",
+        )
         assert sample(m, "gemma_tpu_active_chips", accelerator="v5p") == 4, "a v5p-8 slice holds 4 chips"
         assert sample(m, "gemma_tpu_resources", kind="GemmaFineTune", phase="Training") == 1
         assert sample(m, "gemma_tpu_reconciles_total", kind="GemmaFineTune", outcome="ok") >= 2
@@ -54,8 +57,11 @@ async def test_metrics_health_and_rbac_of_the_operator_process(apiserver, cluste
         await cluster.job_succeeded(NS, train, {"status": "succeeded", "step": 100, "checkpoint": "gs://out/ft/ckpt"})
         ran = time.monotonic() - running_since
         ft = await cluster.phase("GemmaFineTune", NS, "ft", "Merging")
-        m = await until(lambda: _scraped_with(metrics_port, "gemma_tpu_resources", kind="GemmaFineTune", phase="Merging"),
-                        log=log, message="Merging phase gauge")  # fmt: skip
+        m = await until(
+            lambda: _scraped_with(metrics_port, "gemma_tpu_resources", kind="GemmaFineTune", phase="Merging"),
+            log=log,
+            message="Merging phase gauge",
+        )
         assert sample(m, "gemma_tpu_resources", kind="GemmaFineTune", phase="Training") == 0
         assert sample(m, "gemma_tpu_active_chips", accelerator="v5p") == 0, "merging holds no TPU"
         chip_hours = ft["status"]["chipHours"]

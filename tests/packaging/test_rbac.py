@@ -70,16 +70,27 @@ def observed() -> collections.Counter[Call]:
 
 @pytest.fixture(scope="module")
 def observed_namespaced() -> collections.Counter[Call]:
-    return observe(scenarios("test_happy_path_train_merge_succeed", "test_serve_waits_deploys_and_rolls_to_a_new_output",
-                             "test_invalid_spec_schedules_nothing_and_a_fix_recovers"), namespaces=["default"])  # fmt: skip
+    return observe(
+        scenarios(
+            "test_happy_path_train_merge_succeed",
+            "test_serve_waits_deploys_and_rolls_to_a_new_output",
+            "test_invalid_spec_schedules_nothing_and_a_fix_recovers",
+        ),
+        namespaces=["default"],
+    )
 
 
 def _permissions(role: dict) -> list[tuple[str, str, str]]:
-    return [(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]]
+    return [
+        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    ]
 
 
 def _explain(calls) -> str:
-    return "\n".join(f"  {c.verb} {c.group or 'core'}/{c.resource} in {c.namespace or 'the cluster'}" for c in sorted(set(calls), key=str))
+    return "\n".join(
+        f"  {c.verb} {c.group or 'core'}/{c.resource} in {c.namespace or 'the cluster'}"
+        for c in sorted(set(calls), key=str)
+    )
 
 
 def test_the_cluster_role_grants_every_request_of_the_operator(observed):
@@ -90,8 +101,11 @@ def test_the_cluster_role_grants_every_request_of_the_operator(observed):
 
 def test_every_permission_of_the_cluster_role_is_used(observed):
     role = one(objects(), "ClusterRole")
-    unused = [p for p in _permissions(role)
-              if not any(grants({"apiGroups": [p[0]], "resources": [p[1]], "verbs": [p[2]]}, c) for c in observed)]  # fmt: skip
+    unused = [
+        p
+        for p in _permissions(role)
+        if not any(grants({"apiGroups": [p[0]], "resources": [p[1]], "verbs": [p[2]]}, c) for c in observed)
+    ]
     assert not unused, f"granted but never requested by the operator: {unused}"
 
 

@@ -46,7 +46,10 @@ def test_cpu_differs_from_tpu_only_in_device_flags_and_env():
     assert [a for a in tpu_args if a not in tpu_only] == [a for a in cpu_args if a not in cpu_only]
     assert set(tpu_only) <= set(tpu_args) and not set(tpu_only) & set(cpu_args)
     assert set(cpu_only) <= set(cpu_args) and not set(cpu_only) & set(tpu_args)
-    assert cpu_env == [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}, {"name": "VLLM_ENABLE_V1_MULTIPROCESSING", "value": "0"}]
+    assert cpu_env == [
+        {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
+        {"name": "VLLM_ENABLE_V1_MULTIPROCESSING", "value": "0"},
+    ]
 
 
 def test_cpu_profile_refuses_tensor_parallelism():
@@ -133,26 +136,46 @@ print(json.dumps([default, envs.VLLM_ENGINE_READY_TIMEOUT_S]))
 
 def parse(vllm_python, *argvs: list[str], env: dict[str, str] | None = None) -> tuple[list[dict], list[int]]:
     """One interpreter for all argvs: importing vLLM takes a while on a small machine."""
-    result = subprocess.run([str(vllm_python), "-c", PARSE], input=json.dumps({"argvs": argvs, "env": env or {}}),
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [str(vllm_python), "-c", PARSE],
+        input=json.dumps({"argvs": argvs, "env": env or {}}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    return [json.loads(line) for line in lines[-len(argvs) - 1:-1]], json.loads(lines[-1])
+    return [json.loads(line) for line in lines[-len(argvs) - 1 : -1]], json.loads(lines[-1])
 
 
 @pytest.mark.slow
 def test_tpu_and_cpu_flags_mean_what_the_operator_intends(vllm_python):
-    tpu = VllmLaunch(model="/models/merged", served_name="ft", device="tpu", tensor_parallel_size=8,
-                     max_num_batched_tokens=4096, port=8001, engine_ready_timeout_s=900)  # fmt: skip
+    tpu = VllmLaunch(
+        model="/models/merged",
+        served_name="ft",
+        device="tpu",
+        tensor_parallel_size=8,
+        max_num_batched_tokens=4096,
+        port=8001,
+        engine_ready_timeout_s=900,
+    )
     cpu = VllmLaunch(model="/models/merged", served_name="ft", device="cpu", dtype="float32", port=8001)
     env = {e["name"]: e["value"] for e in vllm_container(tpu)[2] if "value" in e}
     # `--por`: why the builder refuses prefixes of its own flags in extra args.
-    (parsed_tpu, parsed_cpu, prefix), timeouts = parse(vllm_python, vllm_container(tpu)[1], vllm_container(cpu)[1],
-                                                       ["--por=9"], env=env)  # fmt: skip
+    (parsed_tpu, parsed_cpu, prefix), timeouts = parse(
+        vllm_python, vllm_container(tpu)[1], vllm_container(cpu)[1], ["--por=9"], env=env
+    )
     # vLLM gives up on its engine after VLLM_ENGINE_READY_TIMEOUT_S: the operator's value is read.
     assert timeouts == [600, 900]
-    shared = {"model": "/models/merged", "served_model_name": ["ft"], "host": "0.0.0.0", "port": 8001,
-              "max_model_len": 4096, "max_num_seqs": 64, "gpu_memory_utilization": 0.9}  # fmt: skip
+    shared = {
+        "model": "/models/merged",
+        "served_model_name": ["ft"],
+        "host": "0.0.0.0",
+        "port": 8001,
+        "max_model_len": 4096,
+        "max_num_seqs": 64,
+        "gpu_memory_utilization": 0.9,
+    }
     for parsed in (parsed_tpu, parsed_cpu):
         assert {k: parsed[k] for k in shared} == shared
     assert parsed_tpu["tensor_parallel_size"] == 8 and parsed_tpu["disable_chunked_mm_input"] is True

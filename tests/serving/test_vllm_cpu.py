@@ -45,8 +45,15 @@ def checkpoint(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny-gemma")
     base = tiny.write_checkpoint(root / "base", dtype="float32", seed=3, vision=tiny.TinyVisionConfig())
     tiny.write_lora_checkpoint(root / "checkpoints", base.config, rank=4, alpha=8.0, seed=7)
-    result = merge.merge(MergeConfig(base_model_path=str(base.path), checkpoint_dir=str(root / "checkpoints"),
-                                     output_dir=str(root / "merged"), dtype="float32", termination_log=str(root / "result")))  # fmt: skip
+    result = merge.merge(
+        MergeConfig(
+            base_model_path=str(base.path),
+            checkpoint_dir=str(root / "checkpoints"),
+            output_dir=str(root / "merged"),
+            dtype="float32",
+            termination_log=str(root / "result"),
+        )
+    )
     assert result.status == "succeeded" and result.tensors_merged > 0
     return SimpleNamespace(path=root / "merged", base=base.path)
 
@@ -55,9 +62,16 @@ def checkpoint(tmp_path_factory):
 def server(vllm_python, checkpoint, tmp_path_factory):
     port = local_vllm.free_port()
     launch = VllmLaunch(
-        model=str(checkpoint.path), served_name=SERVED_NAME, device="cpu", dtype="float32",
-        max_model_len=512, max_num_seqs=4, port=port, api_key_secret=KEY_REF, extra_args=TEXT_ONLY,
-    )  # fmt: skip
+        model=str(checkpoint.path),
+        served_name=SERVED_NAME,
+        device="cpu",
+        dtype="float32",
+        max_model_len=512,
+        max_num_seqs=4,
+        port=port,
+        api_key_secret=KEY_REF,
+        extra_args=TEXT_ONLY,
+    )
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     secret_store = {(KEY_REF.name, KEY_REF.key): API_KEY}
     proc = local_vllm.start_rendered(launch, bin_dir=vllm_python.parent, log_path=log_path, secrets=secret_store)
@@ -89,7 +103,7 @@ def reference(checkpoint):
         for name, prompt_ids in (("completion", tokenizer(PROMPT)["input_ids"]), ("chat", list(chat_ids))):
             with torch.no_grad():
                 out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=MAX_TOKENS, do_sample=False)
-            result[label + name] = (prompt_ids, out[0, len(prompt_ids):].tolist())
+            result[label + name] = (prompt_ids, out[0, len(prompt_ids) :].tolist())
     return result
 
 

@@ -67,13 +67,15 @@ class finetune(_Builder):  # noqa: N801 (reads like the CR kind)
 
     def cpu_tiny(self, root: str = "/data") -> finetune:
         """The tiny model on the cpu profile, paths under a PVC mounted at root."""
-        self._obj["spec"].update({
-            "model": {"uri": f"{root}/model", "preset": "tiny", "dtype": "float32"},
-            "dataset": {"uri": f"{root}/data.jsonl", "maxSeqLen": 64},
-            "output": {"uri": f"{root}/out"},
-            "tpu": {"accelerator": "cpu"},
-            "storage": {"persistentVolumeClaim": "data", "mountPath": root},
-        })  # fmt: skip
+        self._obj["spec"].update(
+            {
+                "model": {"uri": f"{root}/model", "preset": "tiny", "dtype": "float32"},
+                "dataset": {"uri": f"{root}/data.jsonl", "maxSeqLen": 64},
+                "output": {"uri": f"{root}/out"},
+                "tpu": {"accelerator": "cpu"},
+                "storage": {"persistentVolumeClaim": "data", "mountPath": root},
+            }
+        )
         return self
 
 

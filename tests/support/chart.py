@@ -26,8 +26,12 @@ def one(objs: Iterable[dict], kind: str, name: str | None = None) -> dict:
 def grants(rule: dict, call: Call) -> bool:
     """Whether one RBAC rule allows one request (no wildcards: the chart uses none)."""
     names = rule.get("resourceNames")
-    return (call.group in rule["apiGroups"] and call.resource in rule["resources"] and call.verb in rule["verbs"]
-            and (not names or call.name in names))  # fmt: skip
+    return (
+        call.group in rule["apiGroups"]
+        and call.resource in rule["resources"]
+        and call.verb in rule["verbs"]
+        and (not names or call.name in names)
+    )
 
 
 def role_grants(role: dict, call: Call) -> bool:

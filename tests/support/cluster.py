@@ -62,52 +62,125 @@ class Cluster:
 
     # ------------------------------------------------------------------ the Job controller and kubelet
 
-    async def _pod(self, namespace: str, job: str, index: int, phase: str, container: str, state: dict | None = None,
-                   conditions: list | None = None) -> dict:  # fmt: skip
+    async def _pod(
+        self,
+        namespace: str,
+        job: str,
+        index: int,
+        phase: str,
+        container: str,
+        state: dict | None = None,
+        conditions: list | None = None,
+    ) -> dict:
         name = f"{job}-{index}-{int(time.monotonic() * 1e6) % 100000}"
-        pod = await self.kube.create({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace,
-                         "labels": {"batch.kubernetes.io/job-name": job, "batch.kubernetes.io/job-completion-index": str(index)}},
-            "spec": {"containers": [{"name": container, "image": "img"}]},
-        })  # fmt: skip
-        status = {"phase": phase, "conditions": conditions or [],
-                  "containerStatuses": [{"name": container, "state": state or {"running": {"startedAt": timestamp(now())}}}]}  # fmt: skip
+        pod = await self.kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": {
+                        "batch.kubernetes.io/job-name": job,
+                        "batch.kubernetes.io/job-completion-index": str(index),
+                    },
+                },
+                "spec": {"containers": [{"name": container, "image": "img"}]},
+            }
+        )
+        status = {
+            "phase": phase,
+            "conditions": conditions or [],
+            "containerStatuses": [{"name": container, "state": state or {"running": {"startedAt": timestamp(now())}}}],
+        }
         await self.kube.patch("Pod", namespace, pod["metadata"]["name"], {"status": status}, status=True)
         return pod
 
     async def job_running(self, namespace: str, job: str, container: str = "trainer", log: str = "") -> dict:
         pod = await self._pod(namespace, job, 0, "Running", container)
         self.api.pod_logs[(namespace, pod["metadata"]["name"])] = log
-        await self.kube.patch("Job", namespace, job, {"status": {"active": 1, "ready": 1, "startTime": timestamp(now())}}, status=True)
+        await self.kube.patch(
+            "Job", namespace, job, {"status": {"active": 1, "ready": 1, "startTime": timestamp(now())}}, status=True
+        )
         return pod
 
     async def job_succeeded(self, namespace: str, job: str, result: dict, container: str = "trainer") -> None:
         state = {"terminated": {"exitCode": 0, "reason": "Completed", "message": json.dumps(result)}}
         await self._pod(namespace, job, 0, "Succeeded", container, state)
         t = timestamp(now())
-        await self.kube.patch("Job", namespace, job, {"status": {
-            "active": 0, "ready": 0, "succeeded": 1, "completionTime": t,
-            "conditions": [{"type": "Complete", "status": "True", "reason": "CompletionsReached", "lastTransitionTime": t}],
-        }}, status=True)  # fmt: skip
+        await self.kube.patch(
+            "Job",
+            namespace,
+            job,
+            {
+                "status": {
+                    "active": 0,
+                    "ready": 0,
+                    "succeeded": 1,
+                    "completionTime": t,
+                    "conditions": [
+                        {"type": "Complete", "status": "True", "reason": "CompletionsReached", "lastTransitionTime": t}
+                    ],
+                }
+            },
+            status=True,
+        )
 
-    async def pod_failed(self, namespace: str, job: str, exit_code: int, message: str = "", container: str = "trainer",
-                         preempted: bool = False) -> None:  # fmt: skip
+    async def pod_failed(
+        self,
+        namespace: str,
+        job: str,
+        exit_code: int,
+        message: str = "",
+        container: str = "trainer",
+        preempted: bool = False,
+    ) -> None:
         state = {"terminated": {"exitCode": exit_code, "reason": "Error", "message": message}}
-        conditions = [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}] if preempted else []
+        conditions = (
+            [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}] if preempted else []
+        )
         await self._pod(namespace, job, 0, "Failed", container, state, conditions)
 
     async def job_failed(self, namespace: str, job: str, reason: str, message: str, failed: int = 1) -> None:
         t = timestamp(now())
-        await self.kube.patch("Job", namespace, job, {"status": {
-            "active": 0, "ready": 0, "failed": failed,
-            "conditions": [{"type": "Failed", "status": "True", "reason": reason, "message": message, "lastTransitionTime": t}],
-        }}, status=True)  # fmt: skip
+        await self.kube.patch(
+            "Job",
+            namespace,
+            job,
+            {
+                "status": {
+                    "active": 0,
+                    "ready": 0,
+                    "failed": failed,
+                    "conditions": [
+                        {
+                            "type": "Failed",
+                            "status": "True",
+                            "reason": reason,
+                            "message": message,
+                            "lastTransitionTime": t,
+                        }
+                    ],
+                }
+            },
+            status=True,
+        )
 
     async def deployment_ready(self, namespace: str, name: str, replicas: int = 1) -> None:
         dep = await self.get("Deployment", namespace, name)
-        await self.kube.patch("Deployment", namespace, name, {"status": {
-            "observedGeneration": dep["metadata"]["generation"], "replicas": replicas, "readyReplicas": replicas,
-            "updatedReplicas": replicas, "availableReplicas": replicas,
-            "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}],
-        }}, status=True)  # fmt: skip
+        await self.kube.patch(
+            "Deployment",
+            namespace,
+            name,
+            {
+                "status": {
+                    "observedGeneration": dep["metadata"]["generation"],
+                    "replicas": replicas,
+                    "readyReplicas": replicas,
+                    "updatedReplicas": replicas,
+                    "availableReplicas": replicas,
+                    "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}],
+                }
+            },
+            status=True,
+        )

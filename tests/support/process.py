@@ -74,8 +74,11 @@ def scrape(port: int) -> dict[tuple[str, frozenset], float]:
     """Every sample of the metrics endpoint: {(name, labels): value}."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 async def until(check, timeout: float = 30, message: str = "", log: Path | None = None):

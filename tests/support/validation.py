@@ -19,7 +19,12 @@ def validate_builtin(obj: dict[str, Any]) -> None:
 
 
 def _as_job(name: str, namespace: str, job_spec: dict) -> dict:
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": namespace}, "spec": job_spec}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": job_spec,
+    }
 
 
 def validate_object(obj: dict[str, Any]) -> None:
@@ -35,9 +40,14 @@ def validate_object(obj: dict[str, Any]) -> None:
         tmpl = obj["spec"]["leaderWorkerTemplate"]
         for key in ("leaderTemplate", "workerTemplate"):
             if key in tmpl:
-                validate_builtin({"apiVersion": "v1", "kind": "PodTemplate",
-                                  "metadata": {"name": f"{meta['name']}-{key}", "namespace": meta["namespace"]},
-                                  "template": tmpl[key]})  # fmt: skip
+                validate_builtin(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "PodTemplate",
+                        "metadata": {"name": f"{meta['name']}-{key}", "namespace": meta["namespace"]},
+                        "template": tmpl[key],
+                    }
+                )
         return
     validate_builtin(obj)
 

@@ -64,7 +64,9 @@ def lora_run(tiny_sharded, token_ids, tmp_path_factory):
     optimizer = nnx.Optimizer(m, optax.adam(1e-3), wrt=nnx.LoRAParam)
     out = tmp_path_factory.mktemp("lora") / "checkpoints"
     manager = CheckpointManager(str(out), options=ocp.CheckpointManagerOptions(save_interval_steps=1))
-    meta = LoraMetadata(**config.model_dump(exclude={"dropout"}), base_model_path=str(tiny_sharded.path), model_dtype="float32")
+    meta = LoraMetadata(
+        **config.model_dump(exclude={"dropout"}), base_model_path=str(tiny_sharded.path), model_dtype="float32"
+    )
     (out / LORA_METADATA).write_text(meta.model_dump_json())
     manager.save(1, m, optimizer, save_only_lora_params=True, force=True)
     leaves, treedef = jax.tree.flatten(lora.lora_state(m))

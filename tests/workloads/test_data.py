@@ -44,9 +44,13 @@ def test_loss_mask_covers_exactly_what_the_model_should_write(tmp_path, codec, f
     assert 0 < example.loss_mask.sum() < len(example)
 
 
-CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of Japan?"},
-                {"role": "assistant", "content": "Tokyo."}, {"role": "user", "content": "And Kenya?"},
-                {"role": "assistant", "content": " Nairobi.\n"}]
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Capital of Japan?"},
+    {"role": "assistant", "content": "Tokyo."},
+    {"role": "user", "content": "And Kenya?"},
+    {"role": "assistant", "content": " Nairobi.\n"},
+]
 
 
 def test_each_assistant_turn_is_trained_on_the_prompt_the_server_sends(tmp_path, codec, tiny_sharded):
@@ -69,7 +73,8 @@ def test_each_assistant_turn_is_trained_on_the_prompt_the_server_sends(tmp_path,
         assert example.loss_mask.tolist() == [False] * len(prompt) + [True] * (len(answer) + 1)
     assert tokenizer.decode(examples[1].tokens.tolist()) == (
         "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nCapital of Japan?<turn|>\n<|turn>model\nTokyo.<turn|>\n"
-        "<|turn>user\nAnd Kenya?<turn|>\n<|turn>model\n<|channel>thought\n<channel|>Nairobi.<turn|>")
+        "<|turn>user\nAnd Kenya?<turn|>\n<|turn>model\n<|channel>thought\n<channel|>Nairobi.<turn|>"
+    )
 
 
 def test_a_template_that_grows_by_prefixes_gives_one_sequence_per_conversation(tmp_path, tiny_sharded, caplog):
@@ -85,17 +90,20 @@ def test_a_template_that_grows_by_prefixes_gives_one_sequence_per_conversation(t
     assert TextCodec(str(tiny_sharded.path)).end_of_turn_id == tiny.TURN_END_ID and not caplog.records
     assert codec.end_of_turn_id == tiny.TURN_END_ID
     assert "ends a model turn with '<turn|>', where vLLM does not stop (it stops at ids [1]:" in caplog.text
-    (example,) = read_examples(DatasetConfig(path=write_lines(tmp_path / "d.jsonl", [{"messages": CONVERSATION}])),
-                               codec).items
+    (example,) = read_examples(
+        DatasetConfig(path=write_lines(tmp_path / "d.jsonl", [{"messages": CONVERSATION}])), codec
+    ).items
     assert trained_text(codec, example) == "Tokyo.<turn|>Nairobi.<turn|>"
     assert codec.tokenizer.decode(example.tokens.tolist(), skip_special_tokens=False).endswith(
-        "<|turn>model\nTokyo.<turn|>\n<|turn>user\nAnd Kenya?<turn|>\n<|turn>model\nNairobi.<turn|>")
+        "<|turn>model\nTokyo.<turn|>\n<|turn>user\nAnd Kenya?<turn|>\n<|turn>model\nNairobi.<turn|>"
+    )
 
 
 @pytest.mark.parametrize("bos_in_tokenizer_json", [False, True])
 @pytest.mark.parametrize("prompt", ["Q: What is the capital of Peru?\nA:", "<bos>Q: Peru?\nA:"])
-def test_completion_prompts_are_tokenized_as_the_server_does(tmp_path, tiny_sharded, bos_in_tokenizer_json, prompt,
-                                                             caplog):
+def test_completion_prompts_are_tokenized_as_the_server_does(
+    tmp_path, tiny_sharded, bos_in_tokenizer_json, prompt, caplog
+):
     """vLLM's /v1/completions encodes a prompt with transformers' tokenizer and add_special_tokens=True
     (vllm/entrypoints/openai/completion/protocol.py); transformers 5 takes <bos> from tokenizer.json's
     post-processor and ignores tokenizer_config.json's add_bos_token (tokenization_utils_base.py).
@@ -114,8 +122,9 @@ def test_completion_prompts_are_tokenized_as_the_server_does(tmp_path, tiny_shar
     codec = TextCodec(str(model))
     pairs = write_lines(tmp_path / "pairs.jsonl", [{"prompt": prompt, "completion": " Lima."}])
     (pair,) = read_examples(DatasetConfig(path=pairs, format="prompt-completion"), codec).items
-    (text,) = read_examples(DatasetConfig(path=write_lines(tmp_path / "text.jsonl", [{"text": prompt}]), format="text"),
-                            codec).items
+    (text,) = read_examples(
+        DatasetConfig(path=write_lines(tmp_path / "text.jsonl", [{"text": prompt}]), format="text"), codec
+    ).items
     assert pair.tokens[: len(served)].tolist() == served and not pair.loss_mask[: len(served)].any()
     assert text.tokens.tolist() == served + [tiny.EOS_ID]
     assert (served[0] == tiny.BOS_ID) == (bos_in_tokenizer_json or prompt.startswith("<bos>")), "must be able to fail"
@@ -126,25 +135,56 @@ def test_completion_prompts_are_tokenized_as_the_server_does(tmp_path, tiny_shar
 @pytest.mark.parametrize(
     "fmt,lines,message",
     [
-        ("chat", ['{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}',
-                  '{"messages": [{"role": "user", "content": "hi"}'], r"d\.jsonl:2: invalid JSON"),
-        ("chat", ['{"msgs": [{"role": "user", "content": "hi"}]}'],
-         r"d\.jsonl:1: format 'chat' needs field\(s\) \['messages'\]; missing \['messages'\], found \['msgs'\]"),
-        ("prompt-completion", ['{"prompt": "a", "response": "b"}'], r"d\.jsonl:1: .*missing \['completion'\], found \['prompt', 'response'\]"),
+        (
+            "chat",
+            [
+                '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}',
+                '{"messages": [{"role": "user", "content": "hi"}',
+            ],
+            r"d\.jsonl:2: invalid JSON",
+        ),
+        (
+            "chat",
+            ['{"msgs": [{"role": "user", "content": "hi"}]}'],
+            r"d\.jsonl:1: format 'chat' needs field\(s\) \['messages'\]; missing \['messages'\], found \['msgs'\]",
+        ),
+        (
+            "prompt-completion",
+            ['{"prompt": "a", "response": "b"}'],
+            r"d\.jsonl:1: .*missing \['completion'\], found \['prompt', 'response'\]",
+        ),
         ("chat", ['{"messages": [{"role": "robot", "content": "hi"}]}'], r"d\.jsonl:1: messages\[0\]\.role is 'robot'"),
         ("chat", ['{"messages": [{"role": "user", "content": "hi"}]}'], r"d\.jsonl:1: no assistant message"),
-        ("chat", ['{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}',
-                  '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", '
-                  '"reasoning_content": "Let me think."}]}'],
-         r"d\.jsonl:2: messages\[1\] has 'reasoning_content': thinking is not trained"),
-        ("chat", ['{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", '
-                  '"tool_calls": [{"function": {"name": "f"}}]}, {"role": "tool", "content": "1"}]}'],
-         r"d\.jsonl:1: messages\[1\] has 'tool_calls': tool calls are not trained"),
-        ("chat", ['{"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "1"}]}'],
-         r"d\.jsonl:1: messages\[1\]\.role is 'tool'.*\(tool calls and their results are not trained\)"),
-        ("chat", ['{"messages": [{"role": "user", "content": "q"}, '
-                  '{"role": "assistant", "content": "<|channel>thought\\nhmm<channel|>a"}]}'],
-         r"d\.jsonl:1: messages\[1\]\.content contains '<\|channel>', a control token"),
+        (
+            "chat",
+            [
+                '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}',
+                '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", '
+                '"reasoning_content": "Let me think."}]}',
+            ],
+            r"d\.jsonl:2: messages\[1\] has 'reasoning_content': thinking is not trained",
+        ),
+        (
+            "chat",
+            [
+                '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", '
+                '"tool_calls": [{"function": {"name": "f"}}]}, {"role": "tool", "content": "1"}]}'
+            ],
+            r"d\.jsonl:1: messages\[1\] has 'tool_calls': tool calls are not trained",
+        ),
+        (
+            "chat",
+            ['{"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "1"}]}'],
+            r"d\.jsonl:1: messages\[1\]\.role is 'tool'.*\(tool calls and their results are not trained\)",
+        ),
+        (
+            "chat",
+            [
+                '{"messages": [{"role": "user", "content": "q"}, '
+                '{"role": "assistant", "content": "<|channel>thought\\nhmm<channel|>a"}]}'
+            ],
+            r"d\.jsonl:1: messages\[1\]\.content contains '<\|channel>', a control token",
+        ),
         ("text", ['["a list"]'], r"d\.jsonl:1: expected a JSON object, got list"),
         ("text", ['{"text": 3}'], r"d\.jsonl:1: field 'text' must be a string"),
         ("text", [], r"d\.jsonl has no usable examples"),
@@ -186,7 +226,9 @@ def test_chat_needs_a_template(tmp_path, tiny_sharded):
 def example(n: int, start: int = 10):
     from gemma_workloads.data import Example
 
-    return Example(np.arange(start, start + n, dtype=np.int32), np.r_[np.zeros(n // 2, bool), np.ones(n - n // 2, bool)])
+    return Example(
+        np.arange(start, start + n, dtype=np.int32), np.r_[np.zeros(n // 2, bool), np.ones(n - n // 2, bool)]
+    )
 
 
 def test_packing_keeps_examples_apart():
@@ -217,8 +259,13 @@ def test_order_is_a_function_of_seed_and_position():
     resumed = batches.Batches(rows, 3, seed=5, position=3)
     assert resumed.next()["tokens"][:, 0].tolist() == first[3]
     assert batches.Batches(rows, 3, seed=6).next()["tokens"][:, 0].tolist() != first[0]
-    assert stream.state() | {"fingerprint": None} == {"micro_batches": 5, "micro_batch_size": 3, "epoch": 2,
-                                                       "row_in_epoch": 1, "fingerprint": None}
+    assert stream.state() | {"fingerprint": None} == {
+        "micro_batches": 5,
+        "micro_batch_size": 3,
+        "epoch": 2,
+        "row_in_epoch": 1,
+        "fingerprint": None,
+    }
     assert stream.steps_for(epochs=2, batch_size=6) == 3
 
 

@@ -61,8 +61,13 @@ def inputs(workload: str, root: Path, model: Path, dataset: Path, checkpoint: Pa
     common = {"output_dir": str(root / "out"), "termination_log": str(root / "termination-log")}
     if workload == "train":
         shutil.copy(dataset, root / "chat.jsonl")
-        config = {"model_path": str(root / "model"), "dataset": {"path": str(root / "chat.jsonl"), "max_seq_len": 64},
-                  "steps": 2, "batch_size": 2, **common}  # fmt: skip
+        config = {
+            "model_path": str(root / "model"),
+            "dataset": {"path": str(root / "chat.jsonl"), "max_seq_len": 64},
+            "steps": 2,
+            "batch_size": 2,
+            **common,
+        }
     else:
         shutil.copytree(checkpoint, root / "checkpoints")
         config = {"base_model_path": str(root / "model"), "checkpoint_dir": str(root / "checkpoints"), **common}
@@ -97,8 +102,18 @@ def patch_json(path: Path, **changes) -> None:
 
 
 def llama(path: Path) -> None:
-    path.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 96,
-                                "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 96,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "vocab_size": 512,
+            }
+        )
+    )
 
 
 def replace_line(path: Path, number: int, raw: bytes) -> None:
@@ -129,113 +144,195 @@ Break = Callable[[Inputs], None]
 CASES: dict[str, tuple[str, Break, str]] = {
     # The table.
     "shards are git-lfs pointer files": (
-        "train", lambda i: lfs_pointer(i.model / SHARD.format(1)),
-        rf"{SHARD.format(1)}: a Git LFS pointer file \(\d+ bytes\), not the weights: fetch them \(`git lfs pull`"),
+        "train",
+        lambda i: lfs_pointer(i.model / SHARD.format(1)),
+        rf"{SHARD.format(1)}: a Git LFS pointer file \(\d+ bytes\), not the weights: fetch them \(`git lfs pull`",
+    ),
     "the index names a shard that does not exist": (
-        "train", lambda i: (i.model / SHARD.format(3)).unlink(),
+        "train",
+        lambda i: (i.model / SHARD.format(3)).unlink(),
         rf"shard {SHARD.format(3)}, named in model\.safetensors\.index\.json, is missing \(it holds model\.\S+ and "
-        r"\d+ more\): copy the whole folder again"),
+        r"\d+ more\): copy the whole folder again",
+    ),
     "a shard truncated mid-file": (
-        "train", lambda i: truncate(i.model / SHARD.format(2), 0.5),
-        rf"{SHARD.format(2)}: tensor model\.\S+ ends at byte \d+ but the file has \d+: the shard is truncated; copy"),
+        "train",
+        lambda i: truncate(i.model / SHARD.format(2), 0.5),
+        rf"{SHARD.format(2)}: tensor model\.\S+ ends at byte \d+ but the file has \d+: the shard is truncated; copy",
+    ),
     "a header pointing past the end of the file": (
-        "train", lambda i: header_length(i.model / SHARD.format(1), 10**6),
-        rf"{SHARD.format(1)}: header of 1000000 bytes is longer than the file \(\d+ bytes\): truncated"),
+        "train",
+        lambda i: header_length(i.model / SHARD.format(1), 10**6),
+        rf"{SHARD.format(1)}: header of 1000000 bytes is longer than the file \(\d+ bytes\): truncated",
+    ),
     "config.json that is not JSON": (
-        "train", lambda i: (i.model / "config.json").write_text("{\n  'model_type': gemma4\n"),
-        r"model/config\.json: not valid JSON \(line 2 column 3: Expecting property name enclosed in double quotes\)"),
+        "train",
+        lambda i: (i.model / "config.json").write_text("{\n  'model_type': gemma4\n"),
+        r"model/config\.json: not valid JSON \(line 2 column 3: Expecting property name enclosed in double quotes\)",
+    ),
     "a corrupt tokenizer.json": (
-        "train", lambda i: truncate(i.model / "tokenizer.json", 0.5),
-        r"model/tokenizer\.json: not a tokenizer the tokenizers library can load \(EOF while parsing .* at line \d+"),
+        "train",
+        lambda i: truncate(i.model / "tokenizer.json", 0.5),
+        r"model/tokenizer\.json: not a tokenizer the tokenizers library can load \(EOF while parsing .* at line \d+",
+    ),
     "a config.json of another architecture": (
-        "train", lambda i: llama(i.model / "config.json"),
-        r"config\.json: model_type 'llama' \(architectures \['LlamaForCausalLM'\]\) is not Gemma 4"),
+        "train",
+        lambda i: llama(i.model / "config.json"),
+        r"config\.json: model_type 'llama' \(architectures \['LlamaForCausalLM'\]\) is not Gemma 4",
+    ),
     "one byte that is not UTF-8 in the dataset": (
-        "train", lambda i: replace_line(i.dataset, 3, b'{"messages": [{"role": "user", "content": "caf\xe9"}]}\n'),
-        r"chat\.jsonl:3: byte 0xe9 at column 47 is not UTF-8 \(save the file as UTF-8\)"),
+        "train",
+        lambda i: replace_line(i.dataset, 3, b'{"messages": [{"role": "user", "content": "caf\xe9"}]}\n'),
+        r"chat\.jsonl:3: byte 0xe9 at column 47 is not UTF-8 \(save the file as UTF-8\)",
+    ),
     "a merge config that is not valid YAML": (
-        "merge", config_text("base_model_path: [unclosed\n"),
-        r"config \S+: line 2 column 1: neither JSON nor YAML \(expected ',' or ']', but got '<stream end>'\)"),
+        "merge",
+        config_text("base_model_path: [unclosed\n"),
+        r"config \S+: line 2 column 1: neither JSON nor YAML \(expected ',' or ']', but got '<stream end>'\)",
+    ),
     "a corrupt lora.json": (
-        "merge", lambda i: truncate(i.checkpoint / "lora.json", 0.5),
-        r"checkpoints/lora\.json: not valid JSON \(line 1 column \d+: .*\): the file is truncated or damaged; set"),
+        "merge",
+        lambda i: truncate(i.checkpoint / "lora.json", 0.5),
+        r"checkpoints/lora\.json: not valid JSON \(line 1 column \d+: .*\): the file is truncated or damaged; set",
+    ),
     "a checkpoint copied without its array data": (
-        "merge", lambda i: shutil.rmtree(str(i.checkpoint) + DATA_PATH),
-        rf"{re.escape(DATA_PATH)}: array data missing or empty: copy the whole step folder again"),
+        "merge",
+        lambda i: shutil.rmtree(str(i.checkpoint) + DATA_PATH),
+        rf"{re.escape(DATA_PATH)}: array data missing or empty: copy the whole step folder again",
+    ),
     "a dataset path that is a folder": (
-        "train", lambda i: into_folder(i.dataset), r"dataset \S+chat\.jsonl is a folder: dataset\.path must name"),
+        "train",
+        lambda i: into_folder(i.dataset),
+        r"dataset \S+chat\.jsonl is a folder: dataset\.path must name",
+    ),
     "a model path that is a file": (
-        "train", lambda i: i.config.update(model_path=str(i.model / "config.json")),
-        r"config\.json is a file: the model path must be the model's folder"),
+        "train",
+        lambda i: i.config.update(model_path=str(i.model / "config.json")),
+        r"config\.json is a file: the model path must be the model's folder",
+    ),
     "a base model folder without config.json, at merge": (
-        "merge", lambda i: (i.model / "config.json").unlink(), r"model/config\.json is missing"),
+        "merge",
+        lambda i: (i.model / "config.json").unlink(),
+        r"model/config\.json is missing",
+    ),
     # More of the same kinds.
     "merge: shards are git-lfs pointer files": (
-        "merge", lambda i: lfs_pointer(i.model / SHARD.format(2)), rf"{SHARD.format(2)}: a Git LFS pointer file"),
+        "merge",
+        lambda i: lfs_pointer(i.model / SHARD.format(2)),
+        rf"{SHARD.format(2)}: a Git LFS pointer file",
+    ),
     "a Gemma 4 config without a field the loader needs": (
-        "train", lambda i: patch_json(i.model / "config.json", head_dim=None),
-        r"config\.json: field head_dim is missing; a Gemma 4 config\.json has it"),
+        "train",
+        lambda i: patch_json(i.model / "config.json", head_dim=None),
+        r"config\.json: field head_dim is missing; a Gemma 4 config\.json has it",
+    ),
     "shards of another size than config.json": (
-        "train", lambda i: patch_json(i.model / "config.json", vocab_size=1024),
+        "train",
+        lambda i: patch_json(i.model / "config.json", vocab_size=1024),
         r"tensor model\.embed_tokens\.weight is \[512, 96\], but \S+config\.json gives vocab_size x hidden_size "
-        r"\[1024, 96\]: the weights and config\.json are of different models"),
+        r"\[1024, 96\]: the weights and config\.json are of different models",
+    ),
     "config.json with more layers than the shards hold": (
-        "merge", lambda i: patch_json(i.model / "config.json", num_hidden_layers=3, layer_types=[LOCAL] * 3),
-        r"no tensors for decoder layer\(s\) \[2\] of the 3 in \S+config\.json: the copy is incomplete"),
+        "merge",
+        lambda i: patch_json(i.model / "config.json", num_hidden_layers=3, layer_types=[LOCAL] * 3),
+        r"no tensors for decoder layer\(s\) \[2\] of the 3 in \S+config\.json: the copy is incomplete",
+    ),
     "a truncated generation_config.json": (
-        "train", lambda i: truncate(i.model / "generation_config.json", 0.5),
-        r"generation_config\.json: not valid JSON \(line \d+ column \d+: .*\): the file is truncated or damaged"),
+        "train",
+        lambda i: truncate(i.model / "generation_config.json", 0.5),
+        r"generation_config\.json: not valid JSON \(line \d+ column \d+: .*\): the file is truncated or damaged",
+    ),
     "a chat template that does not compile": (
-        "train", lambda i: (i.model / "chat_template.jinja").write_text("{{ bos_token }}\n{% for m in messages %}\n"),
-        r"chat_template\.jinja:\d+: chat template syntax error: Unexpected end of template"),
+        "train",
+        lambda i: (i.model / "chat_template.jinja").write_text("{{ bos_token }}\n{% for m in messages %}\n"),
+        r"chat_template\.jinja:\d+: chat template syntax error: Unexpected end of template",
+    ),
     "a lora.json field of the wrong type": (
-        "merge", lambda i: patch_json(i.checkpoint / "lora.json", rank="sixty-four"),
-        r"lora\.json: field rank: Input should be a valid integer"),
+        "merge",
+        lambda i: patch_json(i.checkpoint / "lora.json", rank="sixty-four"),
+        r"lora\.json: field rank: Input should be a valid integer",
+    ),
     "a checkpoint_dir that is a file": (
-        "merge", lambda i: i.config.update(checkpoint_dir=str(i.checkpoint / "lora.json")),
-        r"checkpoint_dir \S+lora\.json is a file"),
+        "merge",
+        lambda i: i.config.update(checkpoint_dir=str(i.checkpoint / "lora.json")),
+        r"checkpoint_dir \S+lora\.json is a file",
+    ),
     # Cases handled before, kept handled.
     "a missing dataset": ("train", lambda i: i.dataset.unlink(), r"dataset \S+chat\.jsonl not found"),
     "a dataset line that is not JSON": (
-        "train", lambda i: replace_line(i.dataset, 2, b'{"messages": [\n'), r"chat\.jsonl:2: invalid JSON"),
+        "train",
+        lambda i: replace_line(i.dataset, 2, b'{"messages": [\n'),
+        r"chat\.jsonl:2: invalid JSON",
+    ),
     "wrong field names": (
-        "train", lambda i: replace_line(i.dataset, 1, b'{"conversation": []}\n'),
-        r"chat\.jsonl:1: format 'chat' needs field\(s\) \['messages'\]"),
+        "train",
+        lambda i: replace_line(i.dataset, 1, b'{"conversation": []}\n'),
+        r"chat\.jsonl:1: format 'chat' needs field\(s\) \['messages'\]",
+    ),
     "an empty dataset": ("train", lambda i: i.dataset.write_text(""), r"chat\.jsonl has no usable examples"),
     "an unknown target module": (
-        "train", set_config(lora={"target_modules": ["q_proj", "qkv_proj"]}),
-        r"config \S+: lora: Value error, unknown LoRA target module\(s\) \['qkv_proj'\]"),
+        "train",
+        set_config(lora={"target_modules": ["q_proj", "qkv_proj"]}),
+        r"config \S+: lora: Value error, unknown LoRA target module\(s\) \['qkv_proj'\]",
+    ),
     "rank 0": ("train", set_config(lora={"rank": 0}), r"config \S+: lora\.rank: Input should be greater than or equal"),
     "an unknown field": ("train", set_config(learning_rat=0.1), r"config \S+: learning_rat: Extra inputs are not"),
     "a training config that is not valid YAML": (
-        "train", config_text("dataset: {path: x\n"), r"config \S+: line \d+ column \d+: neither JSON nor YAML"),
+        "train",
+        config_text("dataset: {path: x\n"),
+        r"config \S+: line \d+ column \d+: neither JSON nor YAML",
+    ),
     "a missing config file": ("merge", lambda i: setattr(i, "missing", True), r"config \S+: \[Errno 2\] No such file"),
     "an output inside an input": (
-        "merge", lambda i: i.config.update(output_dir=str(i.model / "out")), r"overlaps base_model_path .* never"),
+        "merge",
+        lambda i: i.config.update(output_dir=str(i.model / "out")),
+        r"overlaps base_model_path .* never",
+    ),
     # The evaluation after training.
     "an evaluation without rows to score": (
-        "train", set_config(evaluation={}), r"evaluation: no rows to score: set evaluation\.path .* or "
-        r"dataset\.eval_fraction"),
+        "train",
+        set_config(evaluation={}),
+        r"evaluation: no rows to score: set evaluation\.path .* or "
+        r"dataset\.eval_fraction",
+    ),
     "a missing eval file": (
-        "train", lambda i: i.config.update(evaluation={"path": str(i.dataset.with_name("eval.jsonl")), "max_new_tokens": 8}),
-        r"dataset \S+eval\.jsonl not found"),
+        "train",
+        lambda i: i.config.update(evaluation={"path": str(i.dataset.with_name("eval.jsonl")), "max_new_tokens": 8}),
+        r"dataset \S+eval\.jsonl not found",
+    ),
     "an eval line without an answer": (
-        "train", lambda i: eval_file(i, b'{"messages": [{"role": "user", "content": "Hi"}]}\n'),
-        r"eval\.jsonl:2: no assistant message with content"),
+        "train",
+        lambda i: eval_file(i, b'{"messages": [{"role": "user", "content": "Hi"}]}\n'),
+        r"eval\.jsonl:2: no assistant message with content",
+    ),
     "an expected_regex that does not compile": (
-        "train", lambda i: eval_file(i, b'{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", '
-                                        b'"content": "Hello"}], "expected_regex": "Hel(lo"}\n'),
-        r"eval\.jsonl:2: field 'expected_regex': 'Hel\(lo' is not a valid regular expression \(missing \), "),
+        "train",
+        lambda i: eval_file(
+            i,
+            b'{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", '
+            b'"content": "Hello"}], "expected_regex": "Hel(lo"}\n',
+        ),
+        r"eval\.jsonl:2: field 'expected_regex': 'Hel\(lo' is not a valid regular expression \(missing \), ",
+    ),
     "an expected_regex of the wrong type in the held-out data": (
-        "train", lambda i: (replace_line(i.dataset, 1, b'{"messages": [{"role": "user", "content": "Hi"}, '
-                                                        b'{"role": "assistant", "content": "Hello"}], '
-                                                        b'"expected_regex": 3}\n'),
-                            i.config.update(evaluation={"max_new_tokens": 8}), i.config["dataset"].update(eval_fraction=0.2)),
-        r"chat\.jsonl:1: field 'expected_regex' must be a non-empty string, got 3"),
+        "train",
+        lambda i: (
+            replace_line(
+                i.dataset,
+                1,
+                b'{"messages": [{"role": "user", "content": "Hi"}, '
+                b'{"role": "assistant", "content": "Hello"}], '
+                b'"expected_regex": 3}\n',
+            ),
+            i.config.update(evaluation={"max_new_tokens": 8}),
+            i.config["dataset"].update(eval_fraction=0.2),
+        ),
+        r"chat\.jsonl:1: field 'expected_regex' must be a non-empty string, got 3",
+    ),
     "more new tokens than the sequence holds": (
-        "train", lambda i: (i.config["dataset"].update(eval_fraction=0.2),
-                            i.config.update(evaluation={"max_new_tokens": 64})),
-        r"evaluation\.max_new_tokens 64 leaves no room for a prompt within dataset\.max_seq_len 64"),
+        "train",
+        lambda i: (i.config["dataset"].update(eval_fraction=0.2), i.config.update(evaluation={"max_new_tokens": 64})),
+        r"evaluation\.max_new_tokens 64 leaves no room for a prompt within dataset\.max_seq_len 64",
+    ),
 }
 
 
@@ -247,8 +344,9 @@ def eval_file(i: Inputs, line: bytes) -> None:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_broken_input_exits_2_naming_it_before_jax_is_imported(case, tmp_path, tiny_sharded, dataset,
-                                                                  lora_checkpoint):
+def test_a_broken_input_exits_2_naming_it_before_jax_is_imported(
+    case, tmp_path, tiny_sharded, dataset, lora_checkpoint
+):
     workload, breaks, expected = CASES[case]
     i = inputs(workload, tmp_path, tiny_sharded.path, dataset, lora_checkpoint)
     breaks(i)

@@ -49,8 +49,7 @@ def test_an_unexpected_error_in_the_checks_still_ends_with_a_termination_message
     else:
         (tmp_path / "checkpoints").mkdir()
         (tmp_path / "checkpoints" / "lora.json").write_text(TOO_DEEP)
-        config = {"base_model_path": str(tiny_sharded.path), "checkpoint_dir": str(tmp_path / "checkpoints"),
-                  **common}
+        config = {"base_model_path": str(tiny_sharded.path), "checkpoint_dir": str(tmp_path / "checkpoints"), **common}
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps(config))
     command = [sys.executable, "-X", "importtime", "-m", "gemma_workloads", workload, "--config", str(config_file)]
@@ -66,6 +65,7 @@ def test_an_unexpected_error_in_the_checks_still_ends_with_a_termination_message
 
 def test_the_image_command_lists_both_workloads():
     """The workloads image's default command (workloads/Dockerfile)."""
-    done = subprocess.run([sys.executable, "-m", "gemma_workloads", "--help"], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "gemma_workloads", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 and "{train,merge}" in done.stdout, done.stderr

@@ -47,9 +47,12 @@ def test_a_downloaded_model_is_checked_before_it_is_loaded(cached_repo, tmp_path
     from gemma_workloads import runner
 
     (cached_repo / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 9\n")
-    config = {"model_path": "hf://google/gemma-4-tiny", "output_dir": str(tmp_path / "out"),
-              "dataset": {"path": str(tiny.write_dataset(tmp_path / "d.jsonl", "chat", n=4))},
-              "termination_log": str(tmp_path / "termination-log")}  # fmt: skip
+    config = {
+        "model_path": "hf://google/gemma-4-tiny",
+        "output_dir": str(tmp_path / "out"),
+        "dataset": {"path": str(tiny.write_dataset(tmp_path / "d.jsonl", "chat", n=4))},
+        "termination_log": str(tmp_path / "termination-log"),
+    }
     (tmp_path / "train.json").write_text(json.dumps(config))
     assert runner.main(["train", "--config", str(tmp_path / "train.json")]) == EXIT_INVALID_INPUT
     error = json.loads((tmp_path / "termination-log").read_text())["error"]
@@ -63,11 +66,19 @@ def test_a_repository_of_another_model_is_refused_before_its_weights_are_downloa
     for shard in cached_repo.glob("*.safetensors"):
         shard.unlink()
     (cached_repo / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-    config = {"base_model_path": "hf://google/gemma-4-tiny", "checkpoint_dir": str(tmp_path / "ckpt"),
-              "output_dir": str(tmp_path / "out"), "termination_log": str(tmp_path / "termination-log")}  # fmt: skip
+    config = {
+        "base_model_path": "hf://google/gemma-4-tiny",
+        "checkpoint_dir": str(tmp_path / "ckpt"),
+        "output_dir": str(tmp_path / "out"),
+        "termination_log": str(tmp_path / "termination-log"),
+    }
     (tmp_path / "merge.json").write_text(json.dumps(config))
-    done = subprocess.run([sys.executable, "-m", "gemma_workloads", "merge", "--config", str(tmp_path / "merge.json")],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "gemma_workloads", "merge", "--config", str(tmp_path / "merge.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == EXIT_INVALID_INPUT, done.stderr
     error = json.loads((tmp_path / "termination-log").read_text())["error"]
     assert error.startswith(f"{cached_repo}/config.json: model_type 'llama' (architectures ['LlamaForCausalLM'])")

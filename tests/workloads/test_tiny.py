@@ -14,8 +14,14 @@ def checkpoint(tmp_path_factory):
 
 def test_checkpoint_has_the_files_of_a_released_model(checkpoint):
     names = set(checkpoint.files)
-    assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-            "chat_template.jinja", "model.safetensors.index.json"} <= names
+    assert {
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "model.safetensors.index.json",
+    } <= names
     assert sum(n.startswith("model-0000") for n in names) == 3
     index = json.loads((checkpoint.path / "model.safetensors.index.json").read_text())
     files = set(index["weight_map"].values())
@@ -43,12 +49,16 @@ def test_chat_template_renders_gemma4_turns_as_the_release_does(checkpoint):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(checkpoint.path)
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "<|channel>thought\nGreet back.<channel|> Hello. "},
-                {"role": "user", "content": "Bye"}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "<|channel>thought\nGreet back.<channel|> Hello. "},
+        {"role": "user", "content": "Bye"},
+    ]
     assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
         "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\nHello.<turn|>\n"
-        "<|turn>user\nBye<turn|>\n<|turn>model\n<|channel>thought\n<channel|>")
+        "<|turn>user\nBye<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
+    )
     prompt = tok.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)
     assert not tok.apply_chat_template(messages[:3], tokenize=False).startswith(prompt)
     thinking = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=True)
@@ -58,7 +68,9 @@ def test_chat_template_renders_gemma4_turns_as_the_release_does(checkpoint):
     assert tok.decode(ids) == "The capital of France is Paris.", "no <bos> added to a plain prompt"
 
 
-@pytest.mark.parametrize("fmt,keys", [("chat", {"messages"}), ("prompt-completion", {"prompt", "completion"}), ("text", {"text"})])
+@pytest.mark.parametrize(
+    "fmt,keys", [("chat", {"messages"}), ("prompt-completion", {"prompt", "completion"}), ("text", {"text"})]
+)
 def test_dataset_formats(tmp_path, fmt, keys):
     path = tiny.write_dataset(tmp_path / "d.jsonl", fmt, n=10)
     rows = [json.loads(line) for line in path.read_text().splitlines()]

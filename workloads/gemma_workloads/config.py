@@ -42,14 +42,21 @@ LORA_MODULES: dict[str, tuple[str, ...]] = {
 # default and description declared once: gemma_operator.api declares its fields with these types,
 # so what the API admits is what the pods accept, and the CRD documents the same bounds.
 DatasetFormat = Literal["chat", "prompt-completion", "text"]
-DatasetFormatField = Annotated[DatasetFormat, Field(
-    default="chat", description="chat: {messages: [{role, content}]}; prompt-completion: {prompt, completion}; text: {text}.")]
+DatasetFormatField = Annotated[
+    DatasetFormat,
+    Field(
+        default="chat",
+        description="chat: {messages: [{role, content}]}; prompt-completion: {prompt, completion}; text: {text}.",
+    ),
+]
 MaxSeqLen = Annotated[int, Field(default=2048, ge=16, le=262144, description="Tokens per sequence.")]
 Packing = Annotated[bool, Field(default=False, description="Pack several examples into one sequence.")]
-EvalFraction = Annotated[float, Field(
-    default=0.0, ge=0.0, le=0.5, description="Fraction of examples held out for evaluation.")]
-SkipInvalid = Annotated[bool, Field(
-    default=False, description="Skip malformed lines (and report how many) instead of failing.")]
+EvalFraction = Annotated[
+    float, Field(default=0.0, ge=0.0, le=0.5, description="Fraction of examples held out for evaluation.")
+]
+SkipInvalid = Annotated[
+    bool, Field(default=False, description="Skip malformed lines (and report how many) instead of failing.")
+]
 LoraRank = Annotated[int, Field(default=16, ge=1, le=1024)]
 LoraAlpha = Annotated[float, Field(default=32.0, gt=0)]
 LoraDropout = Annotated[float, Field(default=0.0, ge=0.0, lt=1.0)]
@@ -160,7 +167,9 @@ class TrainConfig(_Config):
     ] = None
     attention: Annotated[
         Literal["auto", "reference", "xla", "cudnn", "splash"],
-        Field(description="Training attention kernel; auto: splash on TPU, cuDNN on GPU, Tunix's own (reference) elsewhere."),
+        Field(
+            description="Training attention kernel; auto: splash on TPU, cuDNN on GPU, Tunix's own (reference) elsewhere."
+        ),
     ] = "auto"
     loss_chunk_tokens: Annotated[
         int | None, Field(ge=1, description="Tokens per chunk of the cross-entropy; None: whole float32 logits.")
@@ -172,8 +181,12 @@ class TrainConfig(_Config):
         float | None, Field(gt=0, description="For the MFU estimate; None: derived from the device.")
     ] = None
     termination_grace_seconds: Annotated[
-        float, Field(ge=0, description="The pod's terminationGracePeriodSeconds: on SIGTERM a final checkpoint "
-                     "is taken only if it fits in this time.")
+        float,
+        Field(
+            ge=0,
+            description="The pod's terminationGracePeriodSeconds: on SIGTERM a final checkpoint "
+            "is taken only if it fits in this time.",
+        ),
     ] = 30.0
     termination_log: str = TERMINATION_LOG
     evaluation: EvaluationConfig | None = None

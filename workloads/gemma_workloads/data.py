@@ -27,8 +27,12 @@ log = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant")
 # Message fields the chat template would render into the prompt in ways not trained here.
-UNTRAINED_FIELDS = {"reasoning": "thinking is", "reasoning_content": "thinking is", "thinking": "thinking is",
-                    "tool_calls": "tool calls are"}
+UNTRAINED_FIELDS = {
+    "reasoning": "thinking is",
+    "reasoning_content": "thinking is",
+    "thinking": "thinking is",
+    "tool_calls": "tool calls are",
+}
 
 
 class DataError(InputError):
@@ -132,14 +136,16 @@ class TextCodec:
             answer = self._encode(content, special=False)
             control = [self.tokenizer.id_to_token(t) for t in answer if t in self.control_ids]
             if control:
-                raise ValueError(f"messages[{i}].content contains {control[0]!r}, a control token of the chat "
-                                 "format: an answer must be plain text (thinking is not trained: the server prompts "
-                                 "with it off)")
+                raise ValueError(
+                    f"messages[{i}].content contains {control[0]!r}, a control token of the chat "
+                    "format: an answer must be plain text (thinking is not trained: the server prompts "
+                    "with it off)"
+                )
             if not sequences or prompt[: len(sequences[-1][0])] != sequences[-1][0]:
                 sequences.append(([], []))
             tokens, mask = sequences[-1]
             mask += [False] * (len(prompt) - len(tokens)) + [True] * (len(answer) + 1)
-            tokens += prompt[len(tokens):] + answer + [self.end_of_turn_id]
+            tokens += prompt[len(tokens) :] + answer + [self.end_of_turn_id]
         return [Example(np.asarray(tokens, np.int32), np.asarray(mask, bool)) for tokens, mask in sequences]
 
     @functools.cached_property
@@ -147,21 +153,29 @@ class TextCodec:
         """The token that ends a model turn: what the template writes right after an answer."""
         answer = "The answer."
         text = self.render([{"role": "user", "content": "A question?"}, {"role": "assistant", "content": answer}])
-        after = text[text.rindex(answer) + len(answer):]
+        after = text[text.rindex(answer) + len(answer) :]
         ids = self._encode(after, special=False)
         if not ids or ids[0] not in self.control_ids:
-            raise DataError(f"the chat template ends a model turn with {after[:24]!r}, not with a special token, "
-                            "so the model cannot be taught where its answer ends")
+            raise DataError(
+                f"the chat template ends a model turn with {after[:24]!r}, not with a special token, "
+                "so the model cannot be taught where its answer ends"
+            )
         if ids[0] not in self.stop_ids:
-            log.warning("the chat template ends a model turn with %r, where vLLM does not stop (it stops at ids %s: "
-                        "tokenizer_config.json's eos_token and generation_config.json's eos_token_id): served "
-                        "answers will run on past it", self.tokenizer.id_to_token(ids[0]), sorted(self.stop_ids))
+            log.warning(
+                "the chat template ends a model turn with %r, where vLLM does not stop (it stops at ids %s: "
+                "tokenizer_config.json's eos_token and generation_config.json's eos_token_id): served "
+                "answers will run on past it",
+                self.tokenizer.id_to_token(ids[0]),
+                sorted(self.stop_ids),
+            )
         return ids[0]
 
     def render(self, messages: list[dict], *, generation_prompt: bool = False) -> str:
         if self.chat_template is None:
-            raise DataError("the chat format needs a chat template: the checkpoint has no chat_template.jinja "
-                            "and no chat_template in tokenizer_config.json")
+            raise DataError(
+                "the chat format needs a chat template: the checkpoint has no chat_template.jinja "
+                "and no chat_template in tokenizer_config.json"
+            )
         return compiled_template(self.chat_template).render(
             messages=messages, add_generation_prompt=generation_prompt, **self.special
         )
@@ -178,7 +192,9 @@ def compiled_template(source: str):
         def raise_exception(message):
             raise TemplateError(message)
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
         env.globals["raise_exception"] = raise_exception
         _TEMPLATES[source] = env.from_string(source)
@@ -209,8 +225,10 @@ def _messages(row: dict) -> list[dict]:
             raise ValueError(f"messages[{i}].role is {message['role']!r}; expected one of {list(ROLES)}{hint}")
         untrained = [f for f in UNTRAINED_FIELDS if message.get(f)]
         if untrained:
-            raise ValueError(f"messages[{i}] has {untrained[0]!r}: {UNTRAINED_FIELDS[untrained[0]]} not trained "
-                             "(the server prompts with thinking off and no tools); leave the field out")
+            raise ValueError(
+                f"messages[{i}] has {untrained[0]!r}: {UNTRAINED_FIELDS[untrained[0]]} not trained "
+                "(the server prompts with thinking off and no tools); leave the field out"
+            )
         if not isinstance(message["content"], str):
             raise ValueError(f"messages[{i}].content must be a string (only text is supported)")
     if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
@@ -264,8 +282,12 @@ def rows(config: DatasetConfig, skipped: list[str]) -> Iterator[tuple[int, dict]
                 if line.strip():
                     yield number, parse_line(line, config.format)
             except UnicodeDecodeError as e:
-                invalid(config, skipped, number, f"byte 0x{raw[e.start]:02x} at column {e.start + 1} is not UTF-8 "
-                                                 "(save the file as UTF-8)")  # fmt: skip
+                invalid(
+                    config,
+                    skipped,
+                    number,
+                    f"byte 0x{raw[e.start]:02x} at column {e.start + 1} is not UTF-8 (save the file as UTF-8)",
+                )
             except ValueError as e:
                 invalid(config, skipped, number, str(e))
 
@@ -298,10 +320,19 @@ def read_examples(config: DatasetConfig, codec: TextCodec) -> Examples:
         raise no_usable_examples(config, out.skipped)
     if config.format != "chat" and codec.bos_id is not None and any(e.tokens[0] != codec.bos_id for e in out.items):
         bos = codec.special["bos_token"]
-        log.warning("%s: rows are trained without %s: this tokenizer adds none, nor does vLLM's /v1/completions to "
-                    "the same text; Gemma was pretrained with it first, so start both rows and requests with the "
-                    "text %s", config.path, bos, bos)
+        log.warning(
+            "%s: rows are trained without %s: this tokenizer adds none, nor does vLLM's /v1/completions to "
+            "the same text; Gemma was pretrained with it first, so start both rows and requests with the "
+            "text %s",
+            config.path,
+            bos,
+            bos,
+        )
     if out.skipped:
-        log.warning("skipped %d invalid line(s) of %s (skip_invalid): %s", len(out.skipped), config.path,
-                    "; ".join(out.skipped[:5]) + (" ..." if len(out.skipped) > 5 else ""))
+        log.warning(
+            "skipped %d invalid line(s) of %s (skip_invalid): %s",
+            len(out.skipped),
+            config.path,
+            "; ".join(out.skipped[:5]) + (" ..." if len(out.skipped) > 5 else ""),
+        )
     return out

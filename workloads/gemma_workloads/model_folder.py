@@ -19,9 +19,15 @@ from gemma_workloads.safetensors_io import INDEX, BaseCheckpoint, open_checkpoin
 GEMMA4_MODEL_TYPES = ("gemma4", "gemma4_text")
 # The text config's fields that model_loader.tunix_config reads without a default, and their JSON types.
 REQUIRED_FIELDS: dict[str, type] = {
-    "vocab_size": int, "hidden_size": int, "intermediate_size": int, "num_hidden_layers": int,
-    "num_attention_heads": int, "head_dim": int, "num_key_value_heads": int, "layer_types": list,
-}  # fmt: skip
+    "vocab_size": int,
+    "hidden_size": int,
+    "intermediate_size": int,
+    "num_hidden_layers": int,
+    "num_attention_heads": int,
+    "head_dim": int,
+    "num_key_value_heads": int,
+    "layer_types": list,
+}
 LAYER_TYPES = ("sliding_attention", "full_attention")
 # The text decoder's keys, released (`model.language_model.`) or text-only (`model.`) layout.
 _EMBED = re.compile(r"model\.(?:language_model\.)?embed_tokens\.weight")
@@ -38,8 +44,9 @@ def check_model_folder(path: str, *, chat: bool = False, weights: bool = True) -
     if not root.exists():
         raise InputError(f"model folder {path} does not exist")
     if not root.is_dir():
-        raise InputError(f"{path} is a file: the model path must be the model's folder "
-                         "(config.json, *.safetensors, tokenizer.json)")  # fmt: skip
+        raise InputError(
+            f"{path} is a file: the model path must be the model's folder (config.json, *.safetensors, tokenizer.json)"
+        )
     text = check_config(root)
     if weights:
         check_weights(open_checkpoint(path), text, root / "config.json")
@@ -60,8 +67,10 @@ def check_config(root: epath.Path) -> dict:
         raise InputError(f"{path}: expected a JSON object, got {type(config).__name__}; {COPY_AGAIN}")
     model_type = config.get("model_type")
     if model_type not in GEMMA4_MODEL_TYPES:
-        raise InputError(f"{path}: model_type {model_type!r} (architectures {config.get('architectures')}) is not "
-                         f"Gemma 4 ({' or '.join(GEMMA4_MODEL_TYPES)}): point the model path at a Gemma 4 checkpoint")
+        raise InputError(
+            f"{path}: model_type {model_type!r} (architectures {config.get('architectures')}) is not "
+            f"Gemma 4 ({' or '.join(GEMMA4_MODEL_TYPES)}): point the model path at a Gemma 4 checkpoint"
+        )
     text, prefix = (config["text_config"], "text_config.") if "text_config" in config else (config, "")
     if not isinstance(text, dict):
         raise InputError(f"{path}: field text_config must be an object; {COPY_AGAIN}")
@@ -75,8 +84,10 @@ def check_config(root: epath.Path) -> dict:
     if unknown := sorted({str(t) for t in layers} - set(LAYER_TYPES)):
         raise InputError(f"{path}: field {prefix}layer_types has {unknown}; allowed: {list(LAYER_TYPES)}")
     if len(layers) != text["num_hidden_layers"]:
-        raise InputError(f"{path}: field {prefix}layer_types has {len(layers)} entries for "
-                         f"num_hidden_layers {text['num_hidden_layers']}")  # fmt: skip
+        raise InputError(
+            f"{path}: field {prefix}layer_types has {len(layers)} entries for "
+            f"num_hidden_layers {text['num_hidden_layers']}"
+        )
     return text
 
 
@@ -85,20 +96,28 @@ def check_weights(weights: BaseCheckpoint, text: dict, config_path: epath.Path) 
     layer, no more (the loader would otherwise fail mid-load on a mismatched copy)."""
     embed = next((t for t in weights.tensors if _EMBED.fullmatch(t.name)), None)
     if embed is None:
-        raise InputError(f"{weights.path}: no tensor model.embed_tokens.weight (or model.language_model.embed_tokens"
-                         ".weight): not the weights of a Gemma 4 model")  # fmt: skip
+        raise InputError(
+            f"{weights.path}: no tensor model.embed_tokens.weight (or model.language_model.embed_tokens"
+            ".weight): not the weights of a Gemma 4 model"
+        )
     expected = (text["vocab_size"], text["hidden_size"])
     if embed.shape != expected:
-        raise InputError(f"{embed.file}: tensor {embed.name} is {list(embed.shape)}, but {config_path} gives "
-                         f"vocab_size x hidden_size {list(expected)}: {DIFFERENT_MODELS}")
+        raise InputError(
+            f"{embed.file}: tensor {embed.name} is {list(embed.shape)}, but {config_path} gives "
+            f"vocab_size x hidden_size {list(expected)}: {DIFFERENT_MODELS}"
+        )
     layers = {int(m.group(1)) for t in weights.tensors if (m := _LAYER.fullmatch(t.name))}
     n = text["num_hidden_layers"]
     if missing := sorted(set(range(n)) - layers):
-        raise InputError(f"{weights.path}: no tensors for decoder layer(s) {missing[:8]} of the {n} in {config_path}: "
-                         f"the copy is incomplete, or {DIFFERENT_MODELS}")
+        raise InputError(
+            f"{weights.path}: no tensors for decoder layer(s) {missing[:8]} of the {n} in {config_path}: "
+            f"the copy is incomplete, or {DIFFERENT_MODELS}"
+        )
     if extra := sorted(i for i in layers if i >= n):
-        raise InputError(f"{weights.path}: tensors for decoder layer(s) {extra[:8]} beyond the {n} in {config_path}: "
-                         f"{DIFFERENT_MODELS}")
+        raise InputError(
+            f"{weights.path}: tensors for decoder layer(s) {extra[:8]} beyond the {n} in {config_path}: "
+            f"{DIFFERENT_MODELS}"
+        )
 
 
 def check_tokenizer(root: epath.Path, *, chat: bool) -> None:
@@ -120,8 +139,10 @@ def check_tokenizer(root: epath.Path, *, chat: bool) -> None:
     elif isinstance(config.get("chat_template"), str):
         check_template(config["chat_template"], f"{config_path}: field chat_template")
     elif chat:
-        raise InputError(f"{root}: the chat format needs a chat template, and there is no {CHAT_TEMPLATE} and no "
-                         "chat_template in tokenizer_config.json: use a model with one, or another dataset format")
+        raise InputError(
+            f"{root}: the chat format needs a chat template, and there is no {CHAT_TEMPLATE} and no "
+            "chat_template in tokenizer_config.json: use a model with one, or another dataset format"
+        )
     for name in ("bos_token", "eos_token"):
         token = config.get(name)
         token = token.get("content") if isinstance(token, dict) else token

@@ -34,8 +34,10 @@ def check_train(config: TrainConfig) -> None:
         raise InputError(f"output_dir {config.output_dir} is a file: it must be a folder (or not exist yet)")
     metadata = epath.Path(config.checkpoint_dir) / LORA_METADATA
     if metadata.exists():  # a run to resume: its adapter's settings must be readable
-        lora_checkpoint.read_lora_metadata(metadata, f"delete it only if {config.checkpoint_dir} holds no checkpoint "
-                                                     "you need, or use another output_dir")  # fmt: skip
+        lora_checkpoint.read_lora_metadata(
+            metadata,
+            f"delete it only if {config.checkpoint_dir} holds no checkpoint you need, or use another output_dir",
+        )
 
 
 def check_dataset(dataset: DatasetConfig) -> None:
@@ -50,11 +52,15 @@ def check_evaluation(config: TrainConfig) -> None:
     `expected_regex`, in the eval file or in the dataset whose held-out rows are scored)."""
     ev, dataset = config.evaluation, config.dataset
     if ev.path is None and not dataset.eval_fraction:
-        raise InputError("evaluation: no rows to score: set evaluation.path (an eval JSONL in the dataset's format) "
-                         "or dataset.eval_fraction (a held-out split)")  # fmt: skip
+        raise InputError(
+            "evaluation: no rows to score: set evaluation.path (an eval JSONL in the dataset's format) "
+            "or dataset.eval_fraction (a held-out split)"
+        )
     if ev.max_new_tokens >= dataset.max_seq_len:
-        raise InputError(f"evaluation.max_new_tokens {ev.max_new_tokens} leaves no room for a prompt within "
-                         f"dataset.max_seq_len {dataset.max_seq_len}")  # fmt: skip
+        raise InputError(
+            f"evaluation.max_new_tokens {ev.max_new_tokens} leaves no room for a prompt within "
+            f"dataset.max_seq_len {dataset.max_seq_len}"
+        )
     source = eval_rows.eval_dataset(dataset, ev) if ev.path is not None else dataset
     skipped: list[str] = []
     usable = 0
@@ -87,8 +93,9 @@ def check_model(path: str, *, chat: bool = False) -> None:
 def check_merge_output(config: MergeConfig) -> None:
     """A local folder that overlaps no input: the merge never writes into what it reads."""
     if "://" in config.output_dir:
-        raise InputError(f"output_dir {config.output_dir}: must be a local path "
-                         "(mount a bucket with Cloud Storage FUSE)")  # fmt: skip
+        raise InputError(
+            f"output_dir {config.output_dir}: must be a local path (mount a bucket with Cloud Storage FUSE)"
+        )
     output = Path(config.output_dir).absolute()
     if output.is_file():
         raise InputError(f"output_dir {output} is a file: it must be a folder (or not exist yet)")
@@ -104,8 +111,10 @@ def check_checkpoint(config: MergeConfig) -> None:
     """The LoRA settings (lora.json unless the config gives them) and the step's array data."""
     root = epath.Path(config.checkpoint_dir)
     if not root.exists():
-        raise InputError(f"checkpoint directory {root} does not exist: checkpoint_dir must name the folder "
-                         "training wrote (<output_dir>/checkpoints)")
+        raise InputError(
+            f"checkpoint directory {root} does not exist: checkpoint_dir must name the folder "
+            "training wrote (<output_dir>/checkpoints)"
+        )
     if not root.is_dir():
         raise InputError(f"checkpoint_dir {root} is a file: it must be the folder of lora.json and the step folders")
     lora_checkpoint.resolve_lora(config.checkpoint_dir, config.lora)

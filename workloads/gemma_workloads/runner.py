@@ -79,11 +79,13 @@ def merge(config: MergeConfig) -> tuple[MergeResult, int]:
 
 
 WORKLOADS = {
-    "train": Workload(TrainConfig, TrainResult, preflight.check_train, train,
-                      "LoRA fine-tuning of Gemma 4 (Tunix + Qwix)"),
-    "merge": Workload(MergeConfig, MergeResult, preflight.check_merge, merge,
-                      "merge a LoRA checkpoint into Hugging Face safetensors"),
-}  # fmt: skip
+    "train": Workload(
+        TrainConfig, TrainResult, preflight.check_train, train, "LoRA fine-tuning of Gemma 4 (Tunix + Qwix)"
+    ),
+    "merge": Workload(
+        MergeConfig, MergeResult, preflight.check_merge, merge, "merge a LoRA checkpoint into Hugging Face safetensors"
+    ),
+}
 
 
 def load_config(cls: type[TrainConfig] | type[MergeConfig], path: str) -> TrainConfig | MergeConfig:
@@ -110,12 +112,14 @@ def describe(error: Exception) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gemma_workloads",
-                                description="The workloads the operator runs in their pods.")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m gemma_workloads", description="The workloads the operator runs in their pods."
+    )
     sub = p.add_subparsers(dest="workload", required=True)
     for name, workload in WORKLOADS.items():
         sub.add_parser(name, help=workload.description, description=workload.description).add_argument(
-            "--config", required=True, help=f"{workload.config.__name__} file (JSON or YAML)")
+            "--config", required=True, help=f"{workload.config.__name__} file (JSON or YAML)"
+        )
     return p
 
 
@@ -156,8 +160,9 @@ def _merge_log_to_stdout() -> None:
 
 def cli() -> int:
     """The pods' program: the log on stderr, at INFO for ours and WARNING for the libraries'."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        force=True)  # fmt: skip
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+    )
     import absl.logging  # noqa: F401 (absl's logger must be of its own class, so absl creates it first)
 
     for noisy in ("absl", "jax", "orbax"):

@@ -29,11 +29,22 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
 ITEMSIZE = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
-    "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
-    "U32": 4, "I32": 4, "F32": 4,
-    "U64": 8, "I64": 8, "F64": 8,
-}  # fmt: skip
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "U16": 2,
+    "I16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "U32": 4,
+    "I32": 4,
+    "F32": 4,
+    "U64": 8,
+    "I64": 8,
+    "F64": 8,
+}
 # Floating dtypes a LoRA delta can be added to, and merge output dtypes.
 FLOAT_DTYPES = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16)}
 DTYPE_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
@@ -67,15 +78,20 @@ def read_header(path: str) -> list[TensorInfo]:
         size = _size(f)
         raw = f.read(len(LFS_POINTER))
         if raw.startswith(LFS_POINTER):
-            raise CheckpointError(f"{path}: a Git LFS pointer file ({size} bytes), not the weights: fetch them "
-                                  "(`git lfs pull` in the clone, or `huggingface-cli download`)")
+            raise CheckpointError(
+                f"{path}: a Git LFS pointer file ({size} bytes), not the weights: fetch them "
+                "(`git lfs pull` in the clone, or `huggingface-cli download`)"
+            )
         if len(raw) < 8:
-            raise CheckpointError(f"{path}: not a safetensors file (shorter than its 8-byte header length); "
-                                  f"{COPY_AGAIN}")  # fmt: skip
+            raise CheckpointError(
+                f"{path}: not a safetensors file (shorter than its 8-byte header length); {COPY_AGAIN}"
+            )
         (n,) = struct.unpack("<Q", raw[:8])
         if n > size - 8:
-            raise CheckpointError(f"{path}: header of {n} bytes is longer than the file ({size} bytes): "
-                                  f"truncated or not safetensors; {COPY_AGAIN}")
+            raise CheckpointError(
+                f"{path}: header of {n} bytes is longer than the file ({size} bytes): "
+                f"truncated or not safetensors; {COPY_AGAIN}"
+            )
         f.seek(8)
         try:
             header = json.loads(f.read(n))
@@ -90,8 +106,10 @@ def read_header(path: str) -> list[TensorInfo]:
         if end - start != math.prod(shape) * ITEMSIZE[dtype]:
             raise CheckpointError(f"{path}: tensor {name}: {end - start} bytes do not hold {dtype}{list(shape)}")
         if data_start + end > size:
-            raise CheckpointError(f"{path}: tensor {name} ends at byte {data_start + end} but the file has {size}: "
-                                  f"the shard is truncated; {COPY_AGAIN}")
+            raise CheckpointError(
+                f"{path}: tensor {name} ends at byte {data_start + end} but the file has {size}: "
+                f"the shard is truncated; {COPY_AGAIN}"
+            )
         tensors.append(TensorInfo(name, dtype, shape, path, data_start + start, end - start))
     tensors.sort(key=lambda t: t.offset)
     for prev, cur in itertools.pairwise(tensors):
@@ -107,8 +125,9 @@ def _entry(path: str, name: str, entry) -> tuple[str, tuple[int, ...], tuple[int
         if not all(isinstance(x, int) and x >= 0 for x in (*shape, start, end)) or start > end:
             raise ValueError
     except (KeyError, TypeError, ValueError):
-        raise CheckpointError(f"{path}: tensor {name}: malformed header entry {json.dumps(entry)[:200]}; "
-                              f"{COPY_AGAIN}") from None
+        raise CheckpointError(
+            f"{path}: tensor {name}: malformed header entry {json.dumps(entry)[:200]}; {COPY_AGAIN}"
+        ) from None
     if dtype not in ITEMSIZE:
         raise CheckpointError(f"{path}: tensor {name}: unknown dtype {dtype}")
     return dtype, shape, (start, end)
@@ -146,8 +165,10 @@ def open_checkpoint(path: str) -> BaseCheckpoint:
     for name in files:
         if not (root / name).exists():
             needed = sorted(k for k, v in weight_map.items() if v == name)
-            raise CheckpointError(f"{path}: shard {name}, named in {INDEX}, is missing (it holds {needed[0]} and "
-                                  f"{len(needed) - 1} more): copy the whole folder again")
+            raise CheckpointError(
+                f"{path}: shard {name}, named in {INDEX}, is missing (it holds {needed[0]} and "
+                f"{len(needed) - 1} more): copy the whole folder again"
+            )
         tensors += read_header(str(root / name))
     where = {}
     for t in tensors:
@@ -193,7 +214,9 @@ class Reader:
             while got < nbytes:
                 n = f.readinto(buf[got:])
                 if not n:
-                    raise CheckpointError(f"{info.file}: tensor {info.name}: file ended early (truncated while merging?)")
+                    raise CheckpointError(
+                        f"{info.file}: tensor {info.name}: file ended early (truncated while merging?)"
+                    )
                 got += n
         return buf
 

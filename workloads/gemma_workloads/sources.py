@@ -32,8 +32,9 @@ def resolve_model(path: str, patterns: list[str] = CHECKPOINT_FILES) -> str:
     try:
         return snapshot_download(repo, allow_patterns=patterns, token=os.environ.get("HF_TOKEN") or None)
     except GatedRepoError:
-        raise ModelSourceError(f"{repo} is gated: accept its licence on Hugging Face and give a token "
-                               "(spec.model.hfTokenSecretRef)") from None  # fmt: skip
+        raise ModelSourceError(
+            f"{repo} is gated: accept its licence on Hugging Face and give a token (spec.model.hfTokenSecretRef)"
+        ) from None
     except RepositoryNotFoundError:
         raise ModelSourceError(f"{repo}: no such Hugging Face repository (or no access with the given token)") from None
     except LocalEntryNotFoundError as e:

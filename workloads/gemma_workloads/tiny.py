@@ -156,7 +156,9 @@ def write_safetensors(tensors: dict[str, np.ndarray], out: Path, shards: int, dt
     cast = _numpy_dtype(dtype)
     names = list(tensors)
     if shards <= 1:
-        save_file({n: tensors[n].astype(cast) for n in names}, str(out / "model.safetensors"), metadata={"format": "pt"})
+        save_file(
+            {n: tensors[n].astype(cast) for n in names}, str(out / "model.safetensors"), metadata={"format": "pt"}
+        )
         return
     groups = [names[i::shards] for i in range(shards)]  # interleaved: a layer spans several files
     weight_map, total = {}, 0
@@ -182,9 +184,15 @@ def _numpy_dtype(dtype: str):
 
 
 COUNTRIES = {
-    "France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Spain": "Madrid",
-    "Egypt": "Cairo", "Peru": "Lima", "Kenya": "Nairobi", "Canada": "Ottawa",
-}  # fmt: skip
+    "France": "Paris",
+    "Japan": "Tokyo",
+    "Italy": "Rome",
+    "Spain": "Madrid",
+    "Egypt": "Cairo",
+    "Peru": "Lima",
+    "Kenya": "Nairobi",
+    "Canada": "Ottawa",
+}
 QUESTIONS = [
     "What is the capital of {c}?",
     "Name the capital city of {c}.",
@@ -359,8 +367,12 @@ def vision_tower(
     torch.manual_seed(seed)
     with tempfile.TemporaryDirectory() as tmp:
         Gemma4ForConditionalGeneration(hf).save_pretrained(tmp)
-        tensors = {k: v for f in sorted(Path(tmp).glob("*.safetensors")) for k, v in load_file(f).items()
-                   if k.startswith(VISION_PREFIXES)}  # fmt: skip
+        tensors = {
+            k: v
+            for f in sorted(Path(tmp).glob("*.safetensors"))
+            for k, v in load_file(f).items()
+            if k.startswith(VISION_PREFIXES)
+        }
         saved = json.loads((Path(tmp) / "config.json").read_text())
     return tensors, {**saved, "dtype": dtype}
 
@@ -376,8 +388,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--examples", type=int, default=64)
     parser.add_argument("--eval-dataset", help="also write the demo's questions, one per country, as an eval set here")
     parser.add_argument("--vision", action="store_true", help="the release's shape, with a tiny vision tower")
-    parser.add_argument("--embed-std", type=float, default=TinyConfig.embed_std,
-                        help="scale of the embedding (larger lets a fine-tune reach confident answers)")
+    parser.add_argument(
+        "--embed-std",
+        type=float,
+        default=TinyConfig.embed_std,
+        help="scale of the embedding (larger lets a fine-tune reach confident answers)",
+    )
     args = parser.parse_args(argv)
     vision = TinyVisionConfig() if args.vision else None
     config = TinyConfig(embed_std=args.embed_std)
@@ -410,7 +426,11 @@ def lora_shapes(config: TinyConfig, rank: int) -> dict[str, dict[str, tuple[int,
             attn["k_einsum"] = ((d, rank), (rank, kvh, hd))
         else:
             attn["kv_einsum"] = ((d, rank), (rank, 2, kvh, hd))
-        mlp = {"gate_proj": ((d, rank), (rank, f)), "up_proj": ((d, rank), (rank, f)), "down_proj": ((f, rank), (rank, d))}
+        mlp = {
+            "gate_proj": ((d, rank), (rank, f)),
+            "up_proj": ((d, rank), (rank, f)),
+            "down_proj": ((f, rank), (rank, d)),
+        }
         for part, modules in (("attn", attn), ("mlp", mlp)):
             weight = "w" if part == "attn" else "kernel"
             for module, (a, b) in modules.items():
@@ -419,7 +439,14 @@ def lora_shapes(config: TinyConfig, rank: int) -> dict[str, dict[str, tuple[int,
 
 
 def write_lora_checkpoint(
-    checkpoint_dir: str | Path, config: TinyConfig, *, rank: int, alpha: float, step: int = 1, seed: int = 0, std: float = 0.05,
+    checkpoint_dir: str | Path,
+    config: TinyConfig,
+    *,
+    rank: int,
+    alpha: float,
+    step: int = 1,
+    seed: int = 0,
+    std: float = 0.05,
     nan_in: str | None = None,
 ) -> None:
     """A LoRA checkpoint in the training layout (Orbax step folder with `model_params`, `lora.json`)
@@ -441,7 +468,9 @@ def write_lora_checkpoint(
                 node[name].flat[0] = np.nan
     root = Path(checkpoint_dir)
     root.mkdir(parents=True, exist_ok=True)
-    meta = LoraMetadata(rank=rank, alpha=alpha, target_modules=list(LORA_MODULES), base_model_path="", model_dtype="float32")
+    meta = LoraMetadata(
+        rank=rank, alpha=alpha, target_modules=list(LORA_MODULES), base_model_path="", model_dtype="float32"
+    )
     (root / LORA_METADATA).write_text(meta.model_dump_json())
     manager = ocp.CheckpointManager(root, item_handlers={"model_params": ocp.PyTreeCheckpointHandler()})
     manager.save(step, args=ocp.args.Composite(model_params=ocp.args.PyTreeSave(tree)), force=True)

@@ -9,13 +9,20 @@ from gemma_operator.plan import FineTunePlan, ServePlan
 from gemma_operator.settings import OperatorSettings
 
 
-def training_objects(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None = None, attempt: int = 1,
-                     budget: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def training_objects(
+    plan: FineTunePlan,
+    settings: OperatorSettings,
+    owner: dict | None = None,
+    attempt: int = 1,
+    budget: int | None = None,
+) -> list[dict[str, Any]]:
     """The first phase of a fine-tune: the TrainConfig ConfigMap and the training Job/JobSet."""
     return [training.config_map(plan, owner, attempt), training.workload(plan, settings, owner, attempt, budget)]
 
 
-def merge_objects(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None = None, step: int | None = None) -> list[dict[str, Any]]:
+def merge_objects(
+    plan: FineTunePlan, settings: OperatorSettings, owner: dict | None = None, step: int | None = None
+) -> list[dict[str, Any]]:
     """The merge phase: the MergeConfig ConfigMap and the merge Job."""
     return [merge.config_map(plan, owner, step), merge.job(plan, settings, owner)]
 

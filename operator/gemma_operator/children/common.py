@@ -45,7 +45,7 @@ def label_value(value: str) -> str:
     """A CR name as a label value: itself when it fits, else a prefix and a hash of the whole."""
     if len(value) <= MAX_NAME:
         return value
-    return f"{value[:MAX_NAME - 7].rstrip('-.')}-{hashlib.sha256(value.encode()).hexdigest()[:6]}"
+    return f"{value[: MAX_NAME - 7].rstrip('-.')}-{hashlib.sha256(value.encode()).hexdigest()[:6]}"
 
 
 def labels(kind: api.Kind, parent: str, component: str, run: str | None = None) -> dict[str, str]:
@@ -82,7 +82,12 @@ def metadata(name: str, namespace: str, labels_: dict[str, str], owner: dict[str
 
 
 def config_map(name: str, namespace: str, labels_: dict[str, str], owner: dict | None, data: dict[str, str]) -> dict:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(name, namespace, labels_, owner), "data": data}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(name, namespace, labels_, owner),
+        "data": data,
+    }
 
 
 def config_volume(config_map_name: str) -> tuple[dict, dict]:
@@ -115,8 +120,9 @@ def staging_volume(host: HostPlan | None, labels_: dict[str, str]) -> tuple[list
         source: dict[str, Any] = {"emptyDir": {"sizeLimit": host.staging_size}}
     else:
         claim: dict[str, Any] = {
-            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": host.staging_size}},
-        }  # fmt: skip
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": host.staging_size}},
+        }
         if host.storage_class:
             claim["storageClassName"] = host.storage_class
         source = {"ephemeral": {"volumeClaimTemplate": {"metadata": {"labels": dict(labels_)}, "spec": claim}}}
@@ -156,8 +162,14 @@ def workload_pod_security(settings: OperatorSettings) -> dict[str, Any]:
     theirs: Kubernetes mounts a new volume root-owned unless the pod sets fsGroup (Kubernetes docs,
     "Configure a Security Context for a Pod or Container": fsGroup)."""
     uid = settings.workload_user
-    return {"seccompProfile": {"type": "RuntimeDefault"}, "runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid,
-            "fsGroup": uid, "fsGroupChangePolicy": "OnRootMismatch"}  # fmt: skip
+    return {
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "fsGroup": uid,
+        "fsGroupChangePolicy": "OnRootMismatch",
+    }
 
 
 RESTRICTED_CONTAINER = {

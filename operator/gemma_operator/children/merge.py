@@ -47,8 +47,9 @@ def _output_mount(plan: FineTunePlan, settings: OperatorSettings) -> tuple[list[
     if not plan.merged_dir.startswith("gs://"):
         return [], [], {}
     bucket = f"gs://{split_gcs(plan.merged_dir)[0]}"
-    volume = fuse_volume("output", bucket, read_only=False, extra_options=writable_options(settings.workload_user),
-                         attributes={})  # fmt: skip
+    volume = fuse_volume(
+        "output", bucket, read_only=False, extra_options=writable_options(settings.workload_user), attributes={}
+    )
     mount = {"name": "output", "mountPath": fuse_path(bucket)}
     annotations = {
         "gke-gcsfuse/volumes": "true",
@@ -109,10 +110,15 @@ def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> d
             "podFailurePolicy": {
                 "rules": [
                     {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                    {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_INVALID_INPUT]}},
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_INVALID_INPUT]},
+                    },
                 ]
-            },  # fmt: skip
-            "template": {"metadata": {"labels": _labels(plan), **({"annotations": annotations} if annotations else {})},
-                         "spec": pod_spec},
+            },
+            "template": {
+                "metadata": {"labels": _labels(plan), **({"annotations": annotations} if annotations else {})},
+                "spec": pod_spec,
+            },
         },
     }

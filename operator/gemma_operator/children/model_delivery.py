@@ -78,10 +78,18 @@ def _fuse_annotations(plan: ServePlan) -> dict[str, str]:
 
 def compile_cache_key(plan: ServePlan) -> str:
     v = plan.spec.vllm
-    return digest({
-        "image": plan.image, "slice": plan.placement.label, "tp": plan.tensor_parallel, "maxModelLen": v.max_model_len,
-        "maxNumSeqs": v.max_num_seqs, "maxNumBatchedTokens": v.max_num_batched_tokens, "dtype": v.dtype,
-    }, 12)  # fmt: skip
+    return digest(
+        {
+            "image": plan.image,
+            "slice": plan.placement.label,
+            "tp": plan.tensor_parallel,
+            "maxModelLen": v.max_model_len,
+            "maxNumSeqs": v.max_num_seqs,
+            "maxNumBatchedTokens": v.max_num_batched_tokens,
+            "dtype": v.dtype,
+        },
+        12,
+    )
 
 
 def delivery(plan: ServePlan) -> Delivery:
@@ -99,8 +107,12 @@ def delivery(plan: ServePlan) -> Delivery:
         }
         volume = fuse_volume("model", uri, True, list(g.mount_options), attributes)
         cache = {"name": FUSE_CACHE_VOLUME, "emptyDir": {"medium": "Memory"} if g.cache_medium == "Memory" else {}}
-        out = Delivery(MODEL_MOUNT, [volume, cache], [{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}],
-                       annotations=_fuse_annotations(plan))  # fmt: skip
+        out = Delivery(
+            MODEL_MOUNT,
+            [volume, cache],
+            [{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}],
+            annotations=_fuse_annotations(plan),
+        )
     else:
         out = Delivery(uri)
 

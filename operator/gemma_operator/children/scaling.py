@@ -24,14 +24,19 @@ def autoscaler(plan: ServePlan, owner: dict | None) -> dict[str, Any] | None:
             "scaleTargetRef": {"apiVersion": api_version, "kind": target, "name": serving.name(plan)},
             "minReplicas": a.min_replicas,
             "maxReplicas": a.max_replicas,
-            "metrics": [{"type": "Pods", "pods": {
-                "metric": {"name": a.metric},
-                "target": {"type": "AverageValue", "averageValue": _quantity(a.target_average_value)},
-            }}],
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": a.metric},
+                        "target": {"type": "AverageValue", "averageValue": _quantity(a.target_average_value)},
+                    },
+                }
+            ],
             # A replica takes minutes to compile before it helps: do not scale down on a dip.
             "behavior": {"scaleDown": {"stabilizationWindowSeconds": 600}},
         },
-    }  # fmt: skip
+    }
 
 
 def pod_monitor(plan: ServePlan, owner: dict | None) -> dict[str, Any] | None:

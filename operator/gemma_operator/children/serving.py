@@ -61,12 +61,20 @@ def launch(plan: ServePlan, model: str) -> VllmLaunch:
     v = plan.spec.vllm
     extra = (("--distributed-executor-backend=ray",) if plan.multi_host else ()) + tuple(v.extra_args)
     return VllmLaunch(
-        model=model, served_name=plan.served_name, device="cpu" if plan.placement.slice is None else "tpu",
-        tensor_parallel_size=plan.tensor_parallel, max_model_len=v.max_model_len, max_num_seqs=v.max_num_seqs,
-        max_num_batched_tokens=v.max_num_batched_tokens, gpu_memory_utilization=v.gpu_memory_utilization,
-        dtype=v.dtype, port=PORT, extra_args=extra, api_key_secret=v.api_key_secret_ref,
+        model=model,
+        served_name=plan.served_name,
+        device="cpu" if plan.placement.slice is None else "tpu",
+        tensor_parallel_size=plan.tensor_parallel,
+        max_model_len=v.max_model_len,
+        max_num_seqs=v.max_num_seqs,
+        max_num_batched_tokens=v.max_num_batched_tokens,
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        dtype=v.dtype,
+        port=PORT,
+        extra_args=extra,
+        api_key_secret=v.api_key_secret_ref,
         engine_ready_timeout_s=plan.startup_seconds,
-    )  # fmt: skip
+    )
 
 
 # tpu-inference (tpu_inference/platforms/tpu_platform.py, check_and_update_config) forces a
@@ -84,8 +92,10 @@ def ray_command(script: str, role_args: str, then: list[str] | None = None) -> l
     online_serving/ and ray_serving/multi-node-serving.sh): less than a slice takes to come up
     when its nodes are provisioned or its image pulled, so the roles pass the startup budget."""
     q = shlex.quote(script)
-    missing = shlex.quote(f"gemma-tpu: the Ray launcher {script} is not in this image; set "
-                          "images.serving_tpu_ray_script to where the serving image has multi-node-serving.sh")
+    missing = shlex.quote(
+        f"gemma-tpu: the Ray launcher {script} is not in this image; set "
+        "images.serving_tpu_ray_script to where the serving image has multi-node-serving.sh"
+    )
     line = f"test -f {q} || {{ echo {missing} >&2; exit 1; }}; "
     if not then:
         return ["sh", "-c", f"{line}exec bash {q} {role_args}"]
@@ -97,17 +107,25 @@ def _probe(path: str, api_key: bool) -> dict[str, Any]:
     """An HTTP probe; with an API key vLLM answers /v1/* with 401, so the probe presents the key."""
     if not api_key or not path.startswith("/v1/"):
         return {"httpGet": {"path": path, "port": PORT}}
-    script = (f"import os, urllib.request as r; r.urlopen(r.Request('http://127.0.0.1:{PORT}{path}', headers={{'Authorization': "
-              f"'Bearer ' + os.environ['{API_KEY_ENV}']}}), timeout=5)")  # fmt: skip
+    script = (
+        f"import os, urllib.request as r; r.urlopen(r.Request('http://127.0.0.1:{PORT}{path}', headers={{'Authorization': "
+        f"'Bearer ' + os.environ['{API_KEY_ENV}']}}), timeout=5)"
+    )
     return {"exec": {"command": ["python3", "-c", script]}}
 
 
 def _resources(plan: ServePlan, settings: OperatorSettings) -> dict[str, Any]:
     r = settings.resources
     if plan.placement.slice is None:
-        return {"requests": {"cpu": r.cpu_profile_cpu, "memory": r.cpu_profile_memory}, "limits": {"memory": r.cpu_profile_memory}}
-    amounts = {"memory": r.serving_memory, tpu.TPU_RESOURCE: str(plan.placement.chips_per_host),
-               **common.staging_storage(plan.staging)}  # fmt: skip
+        return {
+            "requests": {"cpu": r.cpu_profile_cpu, "memory": r.cpu_profile_memory},
+            "limits": {"memory": r.cpu_profile_memory},
+        }
+    amounts = {
+        "memory": r.serving_memory,
+        tpu.TPU_RESOURCE: str(plan.placement.chips_per_host),
+        **common.staging_storage(plan.staging),
+    }
     return {"requests": {"cpu": r.serving_cpu, **amounts}, "limits": amounts}
 
 
@@ -131,10 +149,16 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
         "image": plan.image,
         "env": env,
         "resources": _resources(plan, settings),
-        "volumeMounts": [*model.mounts, shm_mount, *staging_mounts, *store_mounts,
-                         {"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": TMP_DIR}],
+        "volumeMounts": [
+            *model.mounts,
+            shm_mount,
+            *staging_mounts,
+            *store_mounts,
+            {"name": "cache", "mountPath": CACHE_DIR},
+            {"name": "tmp", "mountPath": TMP_DIR},
+        ],
         "securityContext": {**common.RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True},
-    }  # fmt: skip
+    }
     script, wait = settings.images.serving_tpu_ray_script, f"--ray_init_timeout={plan.startup_seconds}"
     if plan.multi_host:
         container["terminationMessagePolicy"] = "FallbackToLogsOnError"
@@ -148,15 +172,42 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
             container["command"], container["args"] = command, args
         budget = plan.startup_seconds
         container["ports"] = [{"containerPort": PORT, "name": "http"}]
-        container["startupProbe"] = {**_probe("/v1/models", keyed), "periodSeconds": 10, "failureThreshold": budget // 10, "timeoutSeconds": 5}
-        container["readinessProbe"] = {**_probe("/v1/models", keyed), "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 5}
-        container["livenessProbe"] = {**_probe("/health", keyed), "periodSeconds": 30, "failureThreshold": 5, "timeoutSeconds": 5}
-    volumes = [*model.volumes, shm, *staging_volumes, *store_volumes,
-               {"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
-    spec = common.place({"containers": [container], "volumes": volumes,
-                         "automountServiceAccountToken": False,  # vLLM needs no Kubernetes API
-                         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}},
-                        plan.placement, plan.service_account)  # fmt: skip
+        container["startupProbe"] = {
+            **_probe("/v1/models", keyed),
+            "periodSeconds": 10,
+            "failureThreshold": budget // 10,
+            "timeoutSeconds": 5,
+        }
+        container["readinessProbe"] = {
+            **_probe("/v1/models", keyed),
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+            "timeoutSeconds": 5,
+        }
+        container["livenessProbe"] = {
+            **_probe("/health", keyed),
+            "periodSeconds": 30,
+            "failureThreshold": 5,
+            "timeoutSeconds": 5,
+        }
+    volumes = [
+        *model.volumes,
+        shm,
+        *staging_volumes,
+        *store_volumes,
+        {"name": "cache", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    spec = common.place(
+        {
+            "containers": [container],
+            "volumes": volumes,
+            "automountServiceAccountToken": False,  # vLLM needs no Kubernetes API
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        },
+        plan.placement,
+        plan.service_account,
+    )
     labels = resource_labels(plan)
     if plan.multi_host:
         labels[ROLE_LABEL] = role
@@ -164,7 +215,9 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
         labels[common.QUEUE_LABEL] = plan.queue
     annotations = {**model.annotations, REVISION_ANNOTATION: plan.revision, MODEL_ANNOTATION: plan.model_uri or ""}
     if role != "worker":
-        annotations.update({"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT), "prometheus.io/path": "/metrics"})
+        annotations.update(
+            {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT), "prometheus.io/path": "/metrics"}
+        )
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
 
 
@@ -183,11 +236,14 @@ def workload(plan: ServePlan, settings: OperatorSettings, owner: dict | None) ->
             "spec": {
                 **replicas,
                 "selector": {"matchLabels": selector(plan)},
-                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": r.max_surge, "maxUnavailable": r.max_unavailable}},
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxSurge": r.max_surge, "maxUnavailable": r.max_unavailable},
+                },
                 "progressDeadlineSeconds": plan.startup_seconds + 600,
                 "template": _pod(plan, settings, "server"),
             },
-        }  # fmt: skip
+        }
     meta["annotations"] = {EXCLUSIVE_TOPOLOGY: tpu.NODE_POOL_LABEL}
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
@@ -195,8 +251,10 @@ def workload(plan: ServePlan, settings: OperatorSettings, owner: dict | None) ->
         "metadata": meta,
         "spec": {
             **replicas,
-            "rolloutStrategy": {"type": "RollingUpdate",
-                                "rollingUpdateConfiguration": {"maxSurge": r.max_surge, "maxUnavailable": r.max_unavailable}},
+            "rolloutStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdateConfiguration": {"maxSurge": r.max_surge, "maxUnavailable": r.max_unavailable},
+            },
             "leaderWorkerTemplate": {
                 "size": plan.placement.hosts,
                 "restartPolicy": "RecreateGroupOnPodRestart",  # a slice serves as a whole or not at all
@@ -204,7 +262,7 @@ def workload(plan: ServePlan, settings: OperatorSettings, owner: dict | None) ->
                 "workerTemplate": _pod(plan, settings, "worker"),
             },
         },
-    }  # fmt: skip
+    }
 
 
 def pod_template(obj: dict[str, Any]) -> dict[str, Any]:

@@ -43,9 +43,7 @@ def names(plan: FineTunePlan, attempt: int = 1) -> tuple[str, str]:
 
 def config_map(plan: FineTunePlan, owner: dict | None, attempt: int = 1) -> dict[str, Any]:
     _, cm_name = names(plan, attempt)
-    return common.config_map(
-        cm_name, plan.namespace, _labels(plan), owner, {TRAIN_CONFIG_FILE: plan.train.dumps()}
-    )
+    return common.config_map(cm_name, plan.namespace, _labels(plan), owner, {TRAIN_CONFIG_FILE: plan.train.dumps()})
 
 
 def _labels(plan: FineTunePlan) -> dict[str, str]:
@@ -97,8 +95,9 @@ def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name
     return {"metadata": {"labels": _labels(plan)}, "spec": spec}
 
 
-def workload(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None, attempt: int = 1,
-             budget: int | None = None) -> dict[str, Any]:  # fmt: skip
+def workload(
+    plan: FineTunePlan, settings: OperatorSettings, owner: dict | None, attempt: int = 1, budget: int | None = None
+) -> dict[str, Any]:
     """The Job (single host) or JobSet (multi-host) that trains, allowed `budget` restarts
     (default: the spec's backoffLimit; later attempts get what earlier ones left)."""
     budget = plan.spec.backoff_limit if budget is None else budget

@@ -75,8 +75,10 @@ def _cpu_flags(launch: VllmLaunch) -> list[str]:
 
 def _cpu_env(launch: VllmLaunch) -> list[dict]:
     # An explicit KV cache size: otherwise vLLM sizes it from the node's memory, not the pod's limit.
-    return [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(launch.cpu_kv_cache_gib)},
-            {"name": "VLLM_ENABLE_V1_MULTIPROCESSING", "value": "0"}]  # fmt: skip
+    return [
+        {"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(launch.cpu_kv_cache_gib)},
+        {"name": "VLLM_ENABLE_V1_MULTIPROCESSING", "value": "0"},
+    ]
 
 
 PROFILES: dict[str, _Profile] = {

@@ -38,7 +38,9 @@ class Decision:
 
 
 def set_cond(view: ResourceView, st: dict, type_: str, value: bool, reason: str, message: str) -> None:
-    st["conditions"] = set_condition(st.get("conditions") or [], type_, value, reason, message, view.generation, view.now)
+    st["conditions"] = set_condition(
+        st.get("conditions") or [], type_, value, reason, message, view.generation, view.now
+    )
 
 
 def _held_by_missing_addons(view: ResourceView, st: dict, d: Decision) -> bool:
@@ -56,7 +58,9 @@ def _held_by_missing_addons(view: ResourceView, st: dict, d: Decision) -> bool:
     return False
 
 
-def decide_with(view: ResourceView, advance: Callable[[Decision], None], invalid: Callable[[dict, str], None]) -> Decision:
+def decide_with(
+    view: ResourceView, advance: Callable[[Decision], None], invalid: Callable[[dict, str], None]
+) -> Decision:
     """observedGeneration, the InvalidSpec condition, the lifecycle's own step, the Ready,
     Reconciling and Stalled conditions that follow from it, and an Event (Warning when Failed)
     whenever the phase changes."""

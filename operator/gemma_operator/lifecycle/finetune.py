@@ -24,8 +24,19 @@ from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import MergeResult, Progress, TrainResult
 
 ACCOUNT_EVERY = 60  # seconds between chip-hour updates of a running workload
-RUN_FIELDS = ("progress", "outputs", "startTime", "completionTime", "chipHours", "estimatedCost",
-              "restarts", "preemptions", "children", "accountedAt", "evaluation")  # fmt: skip
+RUN_FIELDS = (
+    "progress",
+    "outputs",
+    "startTime",
+    "completionTime",
+    "chipHours",
+    "estimatedCost",
+    "restarts",
+    "preemptions",
+    "children",
+    "accountedAt",
+    "evaluation",
+)
 RUN_CONDITIONS = ("TrainingComplete", "Merged", "Complete", "Failed", "Suspended")
 
 
@@ -85,12 +96,22 @@ def _training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
         if created_before and not p.spec.suspend:
             restarts = int(st.get("restarts") or 0) + 1
             if restarts > p.spec.backoff_limit:
-                _fail(v, st, "BackoffLimitExceeded",
-                      f"training workload {name} disappeared and the retry budget (backoffLimit {p.spec.backoff_limit}) is spent")  # fmt: skip
+                _fail(
+                    v,
+                    st,
+                    "BackoffLimitExceeded",
+                    f"training workload {name} disappeared and the retry budget (backoffLimit {p.spec.backoff_limit}) is spent",
+                )
                 return
             attempt += 1
             st.update(attempt=attempt, restarts=restarts)
-            d.events.append(("Warning", "TrainingRecreated", f"{name} disappeared; attempt {attempt} resumes from the latest checkpoint"))
+            d.events.append(
+                (
+                    "Warning",
+                    "TrainingRecreated",
+                    f"{name} disappeared; attempt {attempt} resumes from the latest checkpoint",
+                )
+            )
             name, _ = training.names(p, attempt)
         budget = max(0, p.spec.backoff_limit - int(st.get("restarts") or 0))  # what earlier attempts left
         d.create += training_objects(p, settings, v.owner, attempt, budget)
@@ -105,19 +126,29 @@ def _training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
     wish = str(p.spec.suspend).lower()
     asked = (wl["metadata"].get("annotations") or {}).get(training.SUSPEND_ANNOTATION)
     if outcome.state in ("Pending", "Running", "Suspended") and asked != wish:
-        d.patch.append((wl["kind"], wl["metadata"]["name"], {
-            "spec": {"suspend": p.spec.suspend}, "metadata": {"annotations": {training.SUSPEND_ANNOTATION: wish}}}))  # fmt: skip
+        d.patch.append(
+            (
+                wl["kind"],
+                wl["metadata"]["name"],
+                {"spec": {"suspend": p.spec.suspend}, "metadata": {"annotations": {training.SUSPEND_ANNOTATION: wish}}},
+            )
+        )
     budget_left = training.restart_budget(wl)
     st["restarts"] = max(int(st.get("restarts") or 0), p.spec.backoff_limit - budget_left + outcome.restarts)
-    st["preemptions"] = max(int(st.get("preemptions") or 0), outcome.preemptions,
-                            sum(failure_policy.is_preemption(pod) for pod in v.training_pods))  # fmt: skip
+    st["preemptions"] = max(
+        int(st.get("preemptions") or 0),
+        outcome.preemptions,
+        sum(failure_policy.is_preemption(pod) for pod in v.training_pods),
+    )
     _account(v, st, outcome)
     _cond(v, st, "Suspended", p.spec.suspend, "Suspended" if p.spec.suspend else "Running", "")
 
     if outcome.state == "Succeeded":
         result = _train_result(v.training_pods)
         step = result.step if result else None
-        st["outputs"] = {k: w for k, w in {"checkpoint": result and result.checkpoint, "step": step}.items() if w is not None}
+        st["outputs"] = {
+            k: w for k, w in {"checkpoint": result and result.checkpoint, "step": step}.items() if w is not None
+        }
         if result:
             st["progress"] = _progress_dict(result.step, result.total_steps, result.loss, result.tokens_per_second)
         d.events += evaluation.record_evaluation(st, p.run, result and result.evaluation, p.spec.evaluation is not None)
@@ -136,10 +167,16 @@ def _training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
         st.setdefault("startTime", timestamp(v.now))
         st["phase"] = "Training"
         if v.progress:
-            st["progress"] = _progress_dict(v.progress.step, v.progress.total_steps, v.progress.loss, v.progress.tokens_per_second)
+            st["progress"] = _progress_dict(
+                v.progress.step, v.progress.total_steps, v.progress.loss, v.progress.tokens_per_second
+            )
         prog = st.get("progress") or {}
-        st["message"] = (f"step {prog['step']}/{prog.get('totalSteps', '?')}" + (f", loss {prog['loss']:.4f}" if prog.get("loss") is not None else "")
-                         if prog else "training started")  # fmt: skip
+        st["message"] = (
+            f"step {prog['step']}/{prog.get('totalSteps', '?')}"
+            + (f", loss {prog['loss']:.4f}" if prog.get("loss") is not None else "")
+            if prog
+            else "training started"
+        )
     else:
         st["phase"] = "Pending"
         st["message"] = _scheduling_message(v.training_pods) or f"waiting for {wl['kind']} {name} to start"
@@ -154,7 +191,11 @@ def _merging(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
     if outcome.state == "Succeeded":
         result = _merge_result(v.merge_pods)
         st.setdefault("outputs", {})["merged"] = p.merged_dir  # the URI, not the path inside the merge pod
-        detail = f": {result.tensors_merged} tensors merged in {result.seconds:.0f} s" if result and result.seconds is not None else ""
+        detail = (
+            f": {result.tensors_merged} tensors merged in {result.seconds:.0f} s"
+            if result and result.seconds is not None
+            else ""
+        )
         _cond(v, st, "Merged", True, "Merged", f"merged into {st['outputs']['merged']}{detail}")
         _succeed(v, st, f"merged model at {st['outputs']['merged']}")
     elif outcome.state == "Failed":
@@ -202,8 +243,11 @@ def _add_chip_hours(st: dict, chips: int, since: datetime.datetime | None, until
 def _finished_at(workload: dict | None) -> datetime.datetime | None:
     """When a Job or JobSet ended: its completionTime, else when its terminal condition was set."""
     wst = (workload or {}).get("status") or {}
-    ended = [c for c in wst.get("conditions") or [] if c.get("type") in ("Complete", "Completed", "Failed")
-             and c.get("status") == "True"]  # fmt: skip
+    ended = [
+        c
+        for c in wst.get("conditions") or []
+        if c.get("type") in ("Complete", "Completed", "Failed") and c.get("status") == "True"
+    ]
     return parse_time(wst.get("completionTime") or (ended[0].get("lastTransitionTime") if ended else None))
 
 

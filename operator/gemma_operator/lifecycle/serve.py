@@ -33,8 +33,9 @@ class ServeView(ResourceView):
     pods: list[dict] = field(default_factory=list)
 
 
-def resolve_model(ref_name: str | None, fine_tune: dict | None, status: dict[str, Any],
-                  spec: dict[str, Any] | None = None) -> str | None:  # fmt: skip
+def resolve_model(
+    ref_name: str | None, fine_tune: dict | None, status: dict[str, Any], spec: dict[str, Any] | None = None
+) -> str | None:
     """The newest of the fine-tune's merged outputs that passes the spec's rollout gate (or the
     pinned run's); while none does, or while the fine-tune re-runs, the output already served."""
     if ref_name is None:
@@ -64,8 +65,14 @@ def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
     elif sel and sel.verdict and not sel.verdict.passed:
         _cond(v, st, "ModelReady", True, "PreviousOutput", f"serving {p.model_uri}: {sel.verdict.message}")
     elif v.fine_tune_name and latest != p.model_uri:
-        _cond(v, st, "ModelReady", True, "PreviousOutput",
-              f"serving {p.model_uri} while GemmaFineTune {v.fine_tune_name} is {ft_status.get('phase', 'missing')}")  # fmt: skip
+        _cond(
+            v,
+            st,
+            "ModelReady",
+            True,
+            "PreviousOutput",
+            f"serving {p.model_uri} while GemmaFineTune {v.fine_tune_name} is {ft_status.get('phase', 'missing')}",
+        )
     else:
         _cond(v, st, "ModelReady", True, "Resolved", p.model_uri)
     absent = {m.kind for m in v.missing}  # an optional monitor whose CRD is not installed
@@ -75,8 +82,11 @@ def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
     st.update(modelUri=p.model_uri, servedModelName=p.served_name, endpoint=serving.endpoint(p))
 
     wl = v.workload
-    replicas = p.spec.replicas if p.spec.autoscaling is None else max(p.spec.autoscaling.min_replicas,
-                                                                      int(((wl or {}).get("spec") or {}).get("replicas") or 0))  # fmt: skip
+    replicas = (
+        p.spec.replicas
+        if p.spec.autoscaling is None
+        else max(p.spec.autoscaling.min_replicas, int(((wl or {}).get("spec") or {}).get("replicas") or 0))
+    )
     st["replicas"] = replicas
     if wl is None:
         st.update(phase="Deploying", message=f"creating {serving.name(p)}", readyReplicas=0, updatedReplicas=0)
@@ -84,36 +94,61 @@ def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
     ws = wl.get("status") or {}
     ready, updated = int(ws.get("readyReplicas") or 0), int(ws.get("updatedReplicas") or 0)
     st.update(readyReplicas=ready, updatedReplicas=updated)
-    template_rev = (serving.pod_template(wl).get("metadata") or {}).get("annotations", {}).get(serving.REVISION_ANNOTATION)
-    observed = wl["kind"] != "Deployment" or int(ws.get("observedGeneration") or 0) >= int(wl["metadata"].get("generation") or 1)
+    template_rev = (
+        (serving.pod_template(wl).get("metadata") or {}).get("annotations", {}).get(serving.REVISION_ANNOTATION)
+    )
+    observed = wl["kind"] != "Deployment" or int(ws.get("observedGeneration") or 0) >= int(
+        wl["metadata"].get("generation") or 1
+    )
     current = template_rev == p.revision and observed
     progressing = condition(ws.get("conditions"), "Progressing") or {}
-    _cond(v, st, "Available", ready > 0, "MinimumReplicasAvailable" if ready else "NoReplicaReady", f"{ready}/{replicas} ready")
+    _cond(
+        v,
+        st,
+        "Available",
+        ready > 0,
+        "MinimumReplicasAvailable" if ready else "NoReplicaReady",
+        f"{ready}/{replicas} ready",
+    )
     if current and progressing.get("status") == "False" and progressing.get("reason") == "ProgressDeadlineExceeded":
         why = _pod_problem(v.pods) or progressing.get("message", "")
         _cond(v, st, "Progressing", False, "ProgressDeadlineExceeded", why)
         if ready:
-            st.update(phase="Deploying", message=f"rollout of revision {p.revision} is stuck ({why}); {ready} replica(s) of the previous revision still serve")
+            st.update(
+                phase="Deploying",
+                message=f"rollout of revision {p.revision} is stuck ({why}); {ready} replica(s) of the previous revision still serve",
+            )
         else:
             st.update(phase="Failed", message=f"no replica became ready: {why}")
         return
     if current and updated >= replicas and ready >= replicas:
         st["revision"] = p.revision
         _cond(v, st, "Progressing", True, "RolloutComplete", f"revision {p.revision}")
-        st.update(phase="Ready", message=f"serving {p.served_name} at {st['endpoint']}" if replicas else "scaled to zero")
+        st.update(
+            phase="Ready", message=f"serving {p.served_name} at {st['endpoint']}" if replicas else "scaled to zero"
+        )
         return
-    _cond(v, st, "Progressing", True, "RollingOut", f"revision {p.revision}: {updated}/{replicas} updated, {ready} ready")
+    _cond(
+        v, st, "Progressing", True, "RollingOut", f"revision {p.revision}: {updated}/{replicas} updated, {ready} ready"
+    )
     problem = _pod_problem(v.pods)
-    st.update(phase="Deploying", message=f"rolling out revision {p.revision}: {updated}/{replicas} updated, {ready} ready"
-              + (f" ({problem})" if problem else ""))  # fmt: skip
+    st.update(
+        phase="Deploying",
+        message=f"rolling out revision {p.revision}: {updated}/{replicas} updated, {ready} ready"
+        + (f" ({problem})" if problem else ""),
+    )
 
 
 def _gate(v: ServeView, d: Decision) -> rollout_gate.Selection:
     """The rollout gate's decision in the status: the runs that pass, the run served, GatePassed
     (with an Event when it changes)."""
     st, spec = d.status, v.plan.spec
-    sel = rollout_gate.select(spec.rollout.gate, evaluation.runs_of((v.fine_tune or {}).get("status") or {}),
-                              v.status.get("modelUri"), spec.model.fine_tune_ref.run)  # fmt: skip
+    sel = rollout_gate.select(
+        spec.rollout.gate,
+        evaluation.runs_of((v.fine_tune or {}).get("status") or {}),
+        v.status.get("modelUri"),
+        spec.model.fine_tune_ref.run,
+    )
     st["passedRuns"] = sel.passed
     if sel.run:
         st["run"] = sel.run
@@ -125,7 +160,13 @@ def _gate(v: ServeView, d: Decision) -> rollout_gate.Selection:
             st["conditions"] = [c for c in st["conditions"] if c["type"] != "GatePassed"]
         return sel
     ok = sel.verdict.passed
-    served = f"serving run {sel.run}" if sel.run else f"serving {sel.model_uri}" if sel.model_uri else "nothing is served yet"
+    served = (
+        f"serving run {sel.run}"
+        if sel.run
+        else f"serving {sel.model_uri}"
+        if sel.model_uri
+        else "nothing is served yet"
+    )
     message = sel.verdict.message if ok else f"{sel.verdict.message}: not rolled out; {served}"
     if not before or before.get("status") != str(ok) or before.get("message") != message:
         d.events.append(("Normal" if ok else "Warning", "GatePassed" if ok else "RolloutBlocked", message))

@@ -78,8 +78,9 @@ class Placement:
 
 def placement(spec_tpu: api.TPU, node_pool: str | None = None) -> Placement:
     if spec_tpu.accelerator == "cpu":
-        problems = [f"spec.tpu.{f}: not used with accelerator cpu" for f in ("topology", "reservation")
-                    if getattr(spec_tpu, f)]  # fmt: skip
+        problems = [
+            f"spec.tpu.{f}: not used with accelerator cpu" for f in ("topology", "reservation") if getattr(spec_tpu, f)
+        ]
         if problems:
             raise SpecError(problems)
         selector = {"cloud.google.com/gke-nodepool": spec_tpu.node_pool} if spec_tpu.node_pool else {}

@@ -43,8 +43,10 @@ def problems(spec: api.GemmaFineTuneSpec) -> list[str]:
     """What the API's field rules cannot see: the generated tokens must leave room for a prompt."""
     ev = spec.evaluation
     if ev is not None and ev.max_new_tokens >= spec.dataset.max_seq_len:
-        return [f"spec.evaluation.maxNewTokens: {ev.max_new_tokens} leaves no room for a prompt within "
-                f"spec.dataset.maxSeqLen {spec.dataset.max_seq_len}"]  # fmt: skip
+        return [
+            f"spec.evaluation.maxNewTokens: {ev.max_new_tokens} leaves no room for a prompt within "
+            f"spec.dataset.maxSeqLen {spec.dataset.max_seq_len}"
+        ]
     return []
 
 
@@ -69,19 +71,26 @@ def estimate(
     return EvaluationEstimate(ev.max_rows, per_row, models, tokens, hours, hours * chips, hours * chips * price)
 
 
-
 def describe(ev: api.Evaluation | None, est: EvaluationEstimate | None) -> dict | None:
     """The evaluation in `gemma-tpu plan -o json`."""
     if ev is None:
         return None
     return {
-        "rows": ev.uri or "the held-out split (dataset.evalFraction)", "maxRows": ev.max_rows,
-        "maxNewTokens": ev.max_new_tokens, "baseline": ev.baseline,
-        "estimate": None if est is None else {
-            "tokensPerRow": est.tokens_per_row, "models": est.models, "tokens": est.tokens,
-            "hours": round(est.hours, 3), "chipHours": round(est.chip_hours, 3), "cost": round(est.cost, 2),
+        "rows": ev.uri or "the held-out split (dataset.evalFraction)",
+        "maxRows": ev.max_rows,
+        "maxNewTokens": ev.max_new_tokens,
+        "baseline": ev.baseline,
+        "estimate": None
+        if est is None
+        else {
+            "tokensPerRow": est.tokens_per_row,
+            "models": est.models,
+            "tokens": est.tokens,
+            "hours": round(est.hours, 3),
+            "chipHours": round(est.chip_hours, 3),
+            "cost": round(est.cost, 2),
         },
-    }  # fmt: skip
+    }
 
 
 def text(d: dict, price: float) -> str:
@@ -91,6 +100,8 @@ def text(d: dict, price: float) -> str:
     est = d["estimate"]
     if est is None:
         return f"{what}; cost unknown (needs a model preset on a TPU)"
-    return (f"{what}: {d['maxRows']} x ({est['tokensPerRow'] - d['maxNewTokens']}-token forward + {d['maxNewTokens']} "
-            f"greedy steps) x {est['models']} = {est['tokens'] / 1e6:.2f} M tokens, +{est['hours'] * 60:.1f} min, "
-            f"{est['chipHours']:.2f} chip-hours, ${est['cost']:.2f} at ${price:.2f}/chip-hour")  # fmt: skip
+    return (
+        f"{what}: {d['maxRows']} x ({est['tokensPerRow'] - d['maxNewTokens']}-token forward + {d['maxNewTokens']} "
+        f"greedy steps) x {est['models']} = {est['tokens'] / 1e6:.2f} M tokens, +{est['hours'] * 60:.1f} min, "
+        f"{est['chipHours']:.2f} chip-hours, ${est['cost']:.2f} at ${price:.2f}/chip-hour"
+    )

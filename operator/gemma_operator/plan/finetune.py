@@ -91,19 +91,24 @@ def _model_path(spec: api.ModelSource) -> str:
 # ---------------------------------------------------------------------------- checks
 
 
-def _mesh(spec: api.GemmaFineTuneSpec, place: Placement, shape: ModelShape | None,
-          preset: str | None) -> tuple[MeshConfig, list[str]]:  # fmt: skip
+def _mesh(
+    spec: api.GemmaFineTuneSpec, place: Placement, shape: ModelShape | None, preset: str | None
+) -> tuple[MeshConfig, list[str]]:
     """The spec's mesh, which must cover the slice and divide the heads, or the default one."""
     devices = place.chips or 1
     if spec.training.mesh is None:
         return default_mesh(devices, shape), []
     mesh = MeshConfig(fsdp=spec.training.mesh.fsdp, tp=spec.training.mesh.tp)
     if mesh.fsdp * mesh.tp != devices:
-        return mesh, [f"spec.training.mesh: fsdp {mesh.fsdp} x tp {mesh.tp} = {mesh.fsdp * mesh.tp} devices, "
-                      f"but {place.label} has {devices}"]  # fmt: skip
+        return mesh, [
+            f"spec.training.mesh: fsdp {mesh.fsdp} x tp {mesh.tp} = {mesh.fsdp * mesh.tp} devices, "
+            f"but {place.label} has {devices}"
+        ]
     if not _divides_heads(mesh.tp, shape):
-        return mesh, [f"spec.training.mesh.tp: {mesh.tp} does not divide {preset}'s attention heads "
-                      f"({shape.heads}), KV heads ({shape.kv_heads}) and global KV heads ({shape.global_kv_heads})"]  # fmt: skip
+        return mesh, [
+            f"spec.training.mesh.tp: {mesh.tp} does not divide {preset}'s attention heads "
+            f"({shape.heads}), KV heads ({shape.kv_heads}) and global KV heads ({shape.global_kv_heads})"
+        ]
     return mesh, []
 
 
@@ -124,18 +129,30 @@ def _micro_batch(spec: api.GemmaFineTuneSpec, mesh: MeshConfig) -> tuple[int, li
 def _reachable(spec: api.GemmaFineTuneSpec) -> list[str]:
     """Paths the pods must reach, a storage mount that clashes with none of theirs, and the evaluation's rows."""
     problems = check_paths(
-        {"spec.model.uri": spec.model.uri, "spec.dataset.uri": spec.dataset.uri, "spec.output.uri": spec.output.uri,
-         "spec.evaluation.uri": spec.evaluation and spec.evaluation.uri},
+        {
+            "spec.model.uri": spec.model.uri,
+            "spec.dataset.uri": spec.dataset.uri,
+            "spec.output.uri": spec.output.uri,
+            "spec.evaluation.uri": spec.evaluation and spec.evaluation.uri,
+        },
         spec.storage,
         spec.tpu.accelerator,
-    )  # fmt: skip
-    problems += mounts.storage_problems(spec.storage, (mounts.CONFIG_DIR, mounts.SHM_DIR, host.STAGING_DIR),
-                                        mounts.GCS_MOUNT_ROOT)  # fmt: skip
+    )
+    problems += mounts.storage_problems(
+        spec.storage, (mounts.CONFIG_DIR, mounts.SHM_DIR, host.STAGING_DIR), mounts.GCS_MOUNT_ROOT
+    )
     return problems + evaluation.problems(spec)
 
 
-def _hbm(spec: api.GemmaFineTuneSpec, place: Placement, shape: ModelShape | None, preset: str | None,
-         mesh: MeshConfig, micro: int, settings: OperatorSettings) -> tuple[fit.MemoryEstimate | None, list[str]]:  # fmt: skip
+def _hbm(
+    spec: api.GemmaFineTuneSpec,
+    place: Placement,
+    shape: ModelShape | None,
+    preset: str | None,
+    mesh: MeshConfig,
+    micro: int,
+    settings: OperatorSettings,
+) -> tuple[fit.MemoryEstimate | None, list[str]]:
     """HBM per chip for training, known with a model preset on a TPU."""
     if shape is None or place.slice is None:
         return None, []
@@ -162,8 +179,13 @@ def _hbm(spec: api.GemmaFineTuneSpec, place: Placement, shape: ModelShape | None
     ]
 
 
-def _host(spec: api.GemmaFineTuneSpec, place: Placement, shape: ModelShape | None, preset: str | None,
-          settings: OperatorSettings) -> tuple[host.HostPlan | None, list[str]]:  # fmt: skip
+def _host(
+    spec: api.GemmaFineTuneSpec,
+    place: Placement,
+    shape: ModelShape | None,
+    preset: str | None,
+    settings: OperatorSettings,
+) -> tuple[host.HostPlan | None, list[str]]:
     """Memory and staging disk of a TPU training host, with the problems of a host too small."""
     if place.slice is None:
         return None, []
@@ -175,8 +197,15 @@ def _host(spec: api.GemmaFineTuneSpec, place: Placement, shape: ModelShape | Non
 # ---------------------------------------------------------------------------- the workload configs
 
 
-def train_config(spec: api.GemmaFineTuneSpec, place: Placement, mesh: MeshConfig, micro: int, output_dir: str,
-                 settings: OperatorSettings, memory: fit.MemoryEstimate | None = None) -> TrainConfig:  # fmt: skip
+def train_config(
+    spec: api.GemmaFineTuneSpec,
+    place: Placement,
+    mesh: MeshConfig,
+    micro: int,
+    output_dir: str,
+    settings: OperatorSettings,
+    memory: fit.MemoryEstimate | None = None,
+) -> TrainConfig:
     """The training pod's config. The dataset and LoRA fields are the contract's own (api declares
     them with its types), so they are handed over whole; only the dataset's location is renamed.
     With gradient checkpointing on, the remat policy is the fastest the HBM estimate fits."""
@@ -270,8 +299,12 @@ def plan_finetune(
     if problems := problems + batch_problems + _reachable(spec) + hbm_problems + host_problems:
         raise SpecError(problems)
 
-    run = digest({**spec.model_dump(mode="json", include={"model", "dataset", "lora", "training"}),
-                  **evaluation.run_inputs(spec)})  # fmt: skip
+    run = digest(
+        {
+            **spec.model_dump(mode="json", include={"model", "dataset", "lora", "training"}),
+            **evaluation.run_inputs(spec),
+        }
+    )
     merge_id = digest(spec.merge.model_dump(mode="json", exclude={"enabled"}), 6)
     rdir = run_dir(spec.output.uri, run)
     merged = join(rdir, f"merged-{merge_id}")

@@ -50,12 +50,15 @@ class ServePlan:
     def revision(self) -> str:
         """Changes whenever the pods must be replaced: a new model or a new pod-relevant spec."""
         # The gate and the pin choose the model (model_uri): by themselves they replace no pod.
-        spec = self.spec.model_dump(mode="json", exclude={"replicas": True, "rollout": {"gate"}, "model": {"fine_tune_ref": {"run"}}})
+        spec = self.spec.model_dump(
+            mode="json", exclude={"replicas": True, "rollout": {"gate"}, "model": {"fine_tune_ref": {"run"}}}
+        )
         return digest({"model": self.model_uri, "spec": spec})
 
 
-def _memory(spec: api.GemmaServeSpec, place: Placement, shape: ModelShape | None, preset: str | None,
-            tp: int) -> tuple[fit.MemoryEstimate | None, list[str]]:  # fmt: skip
+def _memory(
+    spec: api.GemmaServeSpec, place: Placement, shape: ModelShape | None, preset: str | None, tp: int
+) -> tuple[fit.MemoryEstimate | None, list[str]]:
     """HBM per chip at this tensor-parallel size, known with a model preset on a TPU."""
     if shape is None or place.slice is None:
         return None, []
@@ -68,8 +71,10 @@ def _memory(spec: api.GemmaServeSpec, place: Placement, shape: ModelShape | None
     )
     if memory.fits:
         return memory, []
-    return memory, [f"spec.tpu: {preset} does not fit {place.label} for serving: {memory.describe()} "
-                    f"(TP {tp}, maxModelLen {spec.vllm.max_model_len}); use a larger topology or a shorter maxModelLen"]  # fmt: skip
+    return memory, [
+        f"spec.tpu: {preset} does not fit {place.label} for serving: {memory.describe()} "
+        f"(TP {tp}, maxModelLen {spec.vllm.max_model_len}); use a larger topology or a shorter maxModelLen"
+    ]
 
 
 def _startup(spec: api.GemmaServeSpec, place: Placement, shape: ModelShape | None) -> tuple[int, list[str]]:
@@ -82,8 +87,9 @@ def _startup(spec: api.GemmaServeSpec, place: Placement, shape: ModelShape | Non
     return startup, []
 
 
-def _staging(uri: str | None, place: Placement, shape: ModelShape | None, preset: str | None,
-             settings: OperatorSettings) -> tuple[host.HostPlan | None, list[str]]:  # fmt: skip
+def _staging(
+    uri: str | None, place: Placement, shape: ModelShape | None, preset: str | None, settings: OperatorSettings
+) -> tuple[host.HostPlan | None, list[str]]:
     """Every host downloads an hf:// model whole before loading it: onto a disk planned like
     training's, not the node's boot disk, which a 31B download fills (the kubelet then evicts the pod)."""
     if place.slice is None or not uri or not uri.startswith("hf://"):
@@ -120,7 +126,9 @@ def plan_serve(
     staging, no_room = _staging(uri, place, shape, preset, settings)
     if problems := problems + too_short + no_room:
         raise SpecError(problems)
-    image = spec.vllm.image or (settings.images.serving_cpu if place.accelerator == "cpu" else settings.images.serving_tpu)
+    image = spec.vllm.image or (
+        settings.images.serving_cpu if place.accelerator == "cpu" else settings.images.serving_tpu
+    )
     return ServePlan(
         name=name,
         namespace=namespace,

@@ -72,7 +72,9 @@ def test_mlp_kernels_are_transposed(module, din, dout):
 
 def test_rows_in_blocks_equal_the_whole():
     a, b = ab((D, R), (R, F))
-    factors = lora_mapping.deltas(lora("up_proj", "mlp", a, b), LoraConfig(rank=R, alpha=R * SCALE))["layers.0.mlp.up_proj.weight"].factors()
+    factors = lora_mapping.deltas(lora("up_proj", "mlp", a, b), LoraConfig(rank=R, alpha=R * SCALE))[
+        "layers.0.mlp.up_proj.weight"
+    ].factors()
     whole, part = np.empty((F, D), np.float32), np.empty((7, D), np.float32)
     factors.rows(0, F, whole)
     factors.rows(10, 17, part)
@@ -84,15 +86,20 @@ def test_tunix_checkpoint_layout_with_value_leaves_and_string_layers():
     a, b = ab((D, R), (R, F))
     saved = {"layers": {"3": {"mlp": {"up_proj": {"kernel_lora_a": {"value": a}, "kernel_lora_b": {"value": b}}}}}}
     np.testing.assert_array_equal(
-        hf_delta(saved, "layers.3.mlp.up_proj.weight"), hf_delta(lora("up_proj", "mlp", a, b, 3), "layers.3.mlp.up_proj.weight")
+        hf_delta(saved, "layers.3.mlp.up_proj.weight"),
+        hf_delta(lora("up_proj", "mlp", a, b, 3), "layers.3.mlp.up_proj.weight"),
     )
 
 
 def test_every_module_of_a_real_gemma4_lora_maps(lora_run):
     """The shapes `tiny.lora_shapes` writes for big synthetic checkpoints are Qwix's own."""
     state = lora_run[2]
-    real = {f"layers/{i}/{part}/{module}": {p: v.shape for p, v in params.items()}
-            for i, parts in state["layers"].items() for part, modules in parts.items() for module, params in modules.items()}  # fmt: skip
+    real = {
+        f"layers/{i}/{part}/{module}": {p: v.shape for p, v in params.items()}
+        for i, parts in state["layers"].items()
+        for part, modules in parts.items()
+        for module, params in modules.items()
+    }
     assert real == tiny.lora_shapes(tiny.TinyConfig(), 4)
     shapes = tiny.TinyConfig().tensor_shapes(prefix="")
     for name, delta in lora_mapping.deltas(state, LoraConfig(rank=4, alpha=8.0)).items():
@@ -102,23 +109,42 @@ def test_every_module_of_a_real_gemma4_lora_maps(lora_run):
 @pytest.mark.parametrize(
     "tree,message",
     [
-        ({"vision_encoder": {"proj": {"w_lora_a": np.zeros((2, R))}}}, "LoRA parameter vision_encoder/proj/w_lora_a: not a Gemma 4"),
+        (
+            {"vision_encoder": {"proj": {"w_lora_a": np.zeros((2, R))}}},
+            "LoRA parameter vision_encoder/proj/w_lora_a: not a Gemma 4",
+        ),
         (lora("qkv_einsum", "attn", *ab((D, R), (R, F))), "LoRA parameter layers/0/attn/qkv_einsum/w_lora_a"),
-        ({"layers": {0: {"mlp": {"up_proj": {"kernel_lora_a": np.zeros((D, R))}}}}}, "layers/0/up_proj: has ['a'] of its A and B"),
-        (lora("up_proj", "mlp", *ab((D, R + 1), (R + 1, F))), "LoRA layers/0/up_proj: A (24, 4) and B (4, 40) do not have rank 3"),
+        (
+            {"layers": {0: {"mlp": {"up_proj": {"kernel_lora_a": np.zeros((D, R))}}}}},
+            "layers/0/up_proj: has ['a'] of its A and B",
+        ),
+        (
+            lora("up_proj", "mlp", *ab((D, R + 1), (R + 1, F))),
+            "LoRA layers/0/up_proj: A (24, 4) and B (4, 40) do not have rank 3",
+        ),
     ],
 )
 def test_unmappable_parameters_are_named(tree, message):
-    with pytest.raises(lora_mapping.LoraMappingError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        lora_mapping.LoraMappingError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")
+    ):
         lora_mapping.deltas(tree, LoraConfig(rank=R, alpha=R * SCALE))
 
 
 def test_decoder_names_take_both_key_layouts():
     names = lora_mapping.decoder_names(
-        ["model.layers.0.mlp.up_proj.weight", "model.language_model.layers.1.mlp.up_proj.weight",
-         "model.vision_tower.encoder.layers.0.mlp.up_proj.weight", "model.embed_tokens.weight"]
-    )  # fmt: skip
-    assert names == {"layers.0.mlp.up_proj.weight": "model.layers.0.mlp.up_proj.weight",
-                     "layers.1.mlp.up_proj.weight": "model.language_model.layers.1.mlp.up_proj.weight"}  # fmt: skip
-    with pytest.raises(lora_mapping.LoraMappingError, match="both model.layers.0.x and model.language_model.layers.0.x"):
+        [
+            "model.layers.0.mlp.up_proj.weight",
+            "model.language_model.layers.1.mlp.up_proj.weight",
+            "model.vision_tower.encoder.layers.0.mlp.up_proj.weight",
+            "model.embed_tokens.weight",
+        ]
+    )
+    assert names == {
+        "layers.0.mlp.up_proj.weight": "model.layers.0.mlp.up_proj.weight",
+        "layers.1.mlp.up_proj.weight": "model.language_model.layers.1.mlp.up_proj.weight",
+    }
+    with pytest.raises(
+        lora_mapping.LoraMappingError, match="both model.layers.0.x and model.language_model.layers.0.x"
+    ):
         lora_mapping.decoder_names(["model.layers.0.x", "model.language_model.layers.0.x"])

@@ -51,8 +51,13 @@ def merged_fp32(tiny_sharded, lora_run, tmp_path_factory):
     """The fp32 merge of step 2 (the latest) into the sharded base, and what it returned."""
     tmp = tmp_path_factory.mktemp("merged")
     before = digest(tiny_sharded.path, lora_run[0])
-    code, result = run_merge(tmp, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(lora_run[0]),
-                             output_dir=str(tmp / "out"), shard_size_bytes=300_000)  # fmt: skip
+    code, result = run_merge(
+        tmp,
+        base_model_path=str(tiny_sharded.path),
+        checkpoint_dir=str(lora_run[0]),
+        output_dir=str(tmp / "out"),
+        shard_size_bytes=300_000,
+    )
     assert code == EXIT_OK, result
     assert digest(tiny_sharded.path, lora_run[0]) == before, "the merge must never write to its inputs"
     return tmp / "out", result
@@ -76,7 +81,13 @@ def test_output_is_a_complete_hf_model_directory(merged_fp32, tiny_sharded, lora
     assert len(shards) > 1 and set(index["weight_map"].values()) == set(shards)
     assert all(len(name) == len("model-00001-of-00004.safetensors") for name in shards)
     assert set(index["weight_map"]) == set(tiny_sharded.config.tensor_shapes())
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+    for name in (
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    ):
         assert (out / name).read_bytes() == (tiny_sharded.path / name).read_bytes(), name
     manifest = json.loads((out / merge_output.MANIFEST).read_text())
     assert manifest["step"] == 2 and manifest["lora"]["rank"] == 4 and len(manifest["merged"]) == 13
@@ -119,8 +130,13 @@ def test_tensors_without_lora_are_copied_bit_for_bit(merged_fp32, tiny_sharded):
 
 
 def test_zero_lora_reproduces_the_base_bit_for_bit(tiny_sharded, lora_run, tmp_path):
-    code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(lora_run[0]),
-                             step=1, output_dir=str(tmp_path / "out"))  # fmt: skip
+    code, result = run_merge(
+        tmp_path,
+        base_model_path=str(tiny_sharded.path),
+        checkpoint_dir=str(lora_run[0]),
+        step=1,
+        output_dir=str(tmp_path / "out"),
+    )
     assert code == EXIT_OK, result
     base, out = tensors(tiny_sharded.path), tensors(tmp_path / "out")
     assert base.keys() == out.keys()
@@ -136,8 +152,12 @@ def test_the_released_layout_merges_its_decoder_and_passes_its_vision_tower_thro
     import torch
     from transformers import Gemma4ForConditionalGeneration
 
-    code, result = run_merge(tmp_path, base_model_path=str(tiny_single.path), checkpoint_dir=str(lora_run[0]),
-                             output_dir=str(tmp_path / "out"))  # fmt: skip
+    code, result = run_merge(
+        tmp_path,
+        base_model_path=str(tiny_single.path),
+        checkpoint_dir=str(lora_run[0]),
+        output_dir=str(tmp_path / "out"),
+    )
     assert code == EXIT_OK, result
     base, out = tensors(tiny_single.path), tensors(tmp_path / "out")
     ref_base, ref_out = tensors(tiny_sharded.path), tensors(merged_fp32[0])
@@ -165,8 +185,9 @@ def test_the_released_layout_merges_its_decoder_and_passes_its_vision_tower_thro
 def test_bf16_merge_is_the_fp32_merge_rounded(tmp_path, lora_run, merged_fp32, tiny_sharded):
     """A bf16 base stays bf16 (the default keeps each tensor's dtype)."""
     base_path = tiny.write_checkpoint(tmp_path / "base-bf16", shards=2, dtype="bfloat16").path
-    code, result = run_merge(tmp_path, base_model_path=str(base_path), checkpoint_dir=str(lora_run[0]),
-                             output_dir=str(tmp_path / "out"))  # fmt: skip
+    code, result = run_merge(
+        tmp_path, base_model_path=str(base_path), checkpoint_dir=str(lora_run[0]), output_dir=str(tmp_path / "out")
+    )
     assert code == EXIT_OK, result
     base, out = tensors(base_path), tensors(tmp_path / "out")
     ref_base, ref_out = tensors(tiny_sharded.path), tensors(merged_fp32[0])
@@ -182,8 +203,13 @@ def test_bf16_merge_is_the_fp32_merge_rounded(tmp_path, lora_run, merged_fp32, t
 def test_rerun_on_a_finished_merge_changes_nothing(merged_fp32, tiny_sharded, lora_run):
     out, _ = merged_fp32
     before = {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in out.iterdir()}
-    code, result = run_merge(out.parent, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(lora_run[0]),
-                             output_dir=str(out), shard_size_bytes=300_000)  # fmt: skip
+    code, result = run_merge(
+        out.parent,
+        base_model_path=str(tiny_sharded.path),
+        checkpoint_dir=str(lora_run[0]),
+        output_dir=str(out),
+        shard_size_bytes=300_000,
+    )
     assert code == EXIT_OK and result["bytes_written"] == 0 and result["tensors_merged"] == 13
     assert {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in out.iterdir()} == before
 
@@ -192,8 +218,9 @@ def test_an_output_holding_something_else_is_refused_and_left_alone(tiny_sharded
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(lora_run[0]),
-                             output_dir=str(out))  # fmt: skip
+    code, result = run_merge(
+        tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(lora_run[0]), output_dir=str(out)
+    )
     assert code == EXIT_INVALID_INPUT and "refusing to overwrite" in result["error"]
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
@@ -205,8 +232,14 @@ def test_a_failure_mid_merge_stops_every_shard_and_publishes_nothing(tiny_sharde
         raise MemoryError("no room for the delta")
 
     monkeypatch.setattr(lora_mapping.LoadedDelta, "rows", broken)
-    code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(lora_run[0]),
-                             output_dir=str(tmp_path / "out"), shard_size_bytes=100_000, workers=2)  # fmt: skip
+    code, result = run_merge(
+        tmp_path,
+        base_model_path=str(tiny_sharded.path),
+        checkpoint_dir=str(lora_run[0]),
+        output_dir=str(tmp_path / "out"),
+        shard_size_bytes=100_000,
+        workers=2,
+    )
     assert code == EXIT_FAILED and result == {"status": "failed", "error": "MemoryError: no room for the delta"}
     assert not (tmp_path / "out").exists()
     finished = [p.name for p in (tmp_path / "out.partial" / ".done").iterdir()]
@@ -214,8 +247,12 @@ def test_a_failure_mid_merge_stops_every_shard_and_publishes_nothing(tiny_sharde
 
 
 def test_output_inside_an_input_is_refused(tiny_sharded, lora_run, tmp_path):
-    code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(lora_run[0]),
-                             output_dir=str(tiny_sharded.path / "merged"))  # fmt: skip
+    code, result = run_merge(
+        tmp_path,
+        base_model_path=str(tiny_sharded.path),
+        checkpoint_dir=str(lora_run[0]),
+        output_dir=str(tiny_sharded.path / "merged"),
+    )
     assert code == EXIT_INVALID_INPUT and "never writes into its inputs" in result["error"]
 
 
@@ -227,8 +264,9 @@ def base_copy(tiny_sharded, tmp_path) -> Path:
 def test_lora_target_missing_from_the_base_is_named(base_copy, lora_run, tmp_path):
     """A base without the global layer's k_proj: the LoRA on k_einsum has nowhere to go."""
     rewrite_tensor(base_copy, "model.layers.1.self_attn.k_proj.weight", None)
-    code, result = run_merge(tmp_path, base_model_path=str(base_copy), checkpoint_dir=str(lora_run[0]),
-                             output_dir=str(tmp_path / "out"))  # fmt: skip
+    code, result = run_merge(
+        tmp_path, base_model_path=str(base_copy), checkpoint_dir=str(lora_run[0]), output_dir=str(tmp_path / "out")
+    )
     assert code == EXIT_INVALID_INPUT
     assert result["error"].startswith("LoRA layers/1/k_einsum adapts layers.1.self_attn.k_proj.weight, which the base")
 
@@ -252,8 +290,9 @@ def rewrite_tensor(base: Path, name: str, value) -> None:
 def test_unsupported_dtype_at_a_lora_target_is_named(base_copy, lora_run, tmp_path):
     name = "model.layers.0.mlp.up_proj.weight"
     rewrite_tensor(base_copy, name, np.zeros((192, 96), np.float64))
-    code, result = run_merge(tmp_path, base_model_path=str(base_copy), checkpoint_dir=str(lora_run[0]),
-                             output_dir=str(tmp_path / "out"))  # fmt: skip
+    code, result = run_merge(
+        tmp_path, base_model_path=str(base_copy), checkpoint_dir=str(lora_run[0]), output_dir=str(tmp_path / "out")
+    )
     assert code == EXIT_INVALID_INPUT
     assert result["error"] == f"{name}: dtype F64 cannot take a LoRA delta (supported: ['BF16', 'F16', 'F32'])"
 
@@ -263,7 +302,9 @@ def test_lora_settings_come_from_the_config_without_lora_json(tiny_sharded, lora
     (ckpt / "lora.json").unlink()
     common = dict(base_model_path=str(tiny_sharded.path), checkpoint_dir=str(ckpt), shard_size_bytes=300_000)
     code, result = run_merge(tmp_path, output_dir=str(tmp_path / "a"), **common)
-    assert code == EXIT_INVALID_INPUT and "lora.json not found: set lora (rank, alpha, target_modules)" in result["error"]
+    assert (
+        code == EXIT_INVALID_INPUT and "lora.json not found: set lora (rank, alpha, target_modules)" in result["error"]
+    )
     code, result = run_merge(tmp_path, output_dir=str(tmp_path / "b"), lora={"rank": 4, "alpha": 8.0}, **common)
     assert code == EXIT_OK, result
     ours = json.loads((tmp_path / "b" / merge_output.MANIFEST).read_text())["files"]
@@ -273,22 +314,33 @@ def test_lora_settings_come_from_the_config_without_lora_json(tiny_sharded, lora
 def test_lora_of_another_model_size_is_named(tiny_sharded, tmp_path):
     other = tiny.TinyConfig(intermediate_size=128)
     tiny.write_lora_checkpoint(tmp_path / "ckpt", other, rank=2, alpha=2.0)
-    code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(tmp_path / "ckpt"),
-                             output_dir=str(tmp_path / "out"))  # fmt: skip
+    code, result = run_merge(
+        tmp_path,
+        base_model_path=str(tiny_sharded.path),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        output_dir=str(tmp_path / "out"),
+    )
     assert code == EXIT_INVALID_INPUT
-    assert result["error"] == "model.layers.0.mlp.down_proj.weight: base shape [96, 192] but LoRA layers/0/down_proj gives [96, 128]"
+    assert (
+        result["error"]
+        == "model.layers.0.mlp.down_proj.weight: base shape [96, 192] but LoRA layers/0/down_proj gives [96, 128]"
+    )
 
 
 def test_a_checkpoint_holding_nan_is_never_merged(tiny_sharded, tmp_path):
     """A diverged adapter would make every output of the merged model NaN: exit 2, naming the tensor."""
     ckpt = tmp_path / "ckpt"
-    tiny.write_lora_checkpoint(ckpt, tiny.TinyConfig(), rank=4, alpha=8.0, step=7, nan_in="layers/1/mlp/up_proj/kernel_lora_b")
-    code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(ckpt),
-                             output_dir=str(tmp_path / "out"))  # fmt: skip
+    tiny.write_lora_checkpoint(
+        ckpt, tiny.TinyConfig(), rank=4, alpha=8.0, step=7, nan_in="layers/1/mlp/up_proj/kernel_lora_b"
+    )
+    code, result = run_merge(
+        tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(ckpt), output_dir=str(tmp_path / "out")
+    )
     assert code == EXIT_INVALID_INPUT
     assert result["error"] == (
         f"{ckpt}/7: LoRA tensor layers/1/mlp/up_proj/kernel_lora_b holds 1 non-finite value(s) (NaN or inf) of 768; "
-        "a diverged adapter is never merged: merge an earlier step (complete: [7])")
+        "a diverged adapter is never merged: merge an earlier step (complete: [7])"
+    )
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
 
 
@@ -302,15 +354,29 @@ def test_step_selection(tiny_sharded, lora_run, tmp_path):
 
     assert list(lora_checkpoint.complete_steps(str(ckpt))) == [1, 2]
     assert lora_checkpoint.locate(str(ckpt), None, None).step == 2
-    code, result = run_merge(tmp_path, base_model_path=str(tiny_sharded.path), checkpoint_dir=str(ckpt), step=4,
-                             output_dir=str(tmp_path / "out"))  # fmt: skip
-    assert code == EXIT_INVALID_INPUT and result["error"].endswith("step 4 is not a complete checkpoint (complete: [1, 2])")
+    code, result = run_merge(
+        tmp_path,
+        base_model_path=str(tiny_sharded.path),
+        checkpoint_dir=str(ckpt),
+        step=4,
+        output_dir=str(tmp_path / "out"),
+    )
+    assert code == EXIT_INVALID_INPUT and result["error"].endswith(
+        "step 4 is not a complete checkpoint (complete: [1, 2])"
+    )
 
 
 # ---------------------------------------------------------------------------- crash and memory
 
-MID = tiny.TinyConfig(hidden_size=512, intermediate_size=2048, num_attention_heads=8, head_dim=64, num_key_value_heads=4,
-                      global_head_dim=128, num_global_key_value_heads=2)  # fmt: skip
+MID = tiny.TinyConfig(
+    hidden_size=512,
+    intermediate_size=2048,
+    num_attention_heads=8,
+    head_dim=64,
+    num_key_value_heads=4,
+    global_head_dim=128,
+    num_global_key_value_heads=2,
+)
 
 
 def mid_model(root: Path, layers: int, shards: int) -> tuple[Path, Path]:
@@ -338,8 +404,14 @@ def test_peak_memory_does_not_grow_with_the_model(tmp_path):
     peaks = {}
     for layers, shards in ((4, 2), (20, 8)):
         base, ckpt = mid_model(tmp_path, layers, shards)
-        config = MergeConfig(base_model_path=str(base), checkpoint_dir=str(ckpt), output_dir=str(tmp_path / f"out-{layers}"),
-                             dtype="float32", shard_size_bytes=40 << 20, termination_log=str(tmp_path / "log"))  # fmt: skip
+        config = MergeConfig(
+            base_model_path=str(base),
+            checkpoint_dir=str(ckpt),
+            output_dir=str(tmp_path / f"out-{layers}"),
+            dtype="float32",
+            shard_size_bytes=40 << 20,
+            termination_log=str(tmp_path / "log"),
+        )
         proc = merge_process(config, tmp_path / f"config-{layers}.json")
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == EXIT_OK, out
@@ -353,8 +425,14 @@ def test_peak_memory_does_not_grow_with_the_model(tmp_path):
 @pytest.mark.slow
 def test_killed_merge_resumes_with_only_the_missing_shards(tmp_path):
     base, ckpt = mid_model(tmp_path, 8, 3)
-    common = dict(base_model_path=str(base), checkpoint_dir=str(ckpt), dtype="float32", shard_size_bytes=1 << 20,
-                  workers=1, termination_log=str(tmp_path / "log"))  # fmt: skip
+    common = dict(
+        base_model_path=str(base),
+        checkpoint_dir=str(ckpt),
+        dtype="float32",
+        shard_size_bytes=1 << 20,
+        workers=1,
+        termination_log=str(tmp_path / "log"),
+    )
     out = tmp_path / "out"
     proc = merge_process(MergeConfig(output_dir=str(out), **common), tmp_path / "config.json")
     for line in proc.stdout:
@@ -368,13 +446,17 @@ def test_killed_merge_resumes_with_only_the_missing_shards(tmp_path):
     finished = {p.name.removesuffix(".json") for p in (staging / ".done").glob("*.json")}
     assert finished, "the kill came after a shard was recorded"
 
-    code, result = run_merge(tmp_path, output_dir=str(out), **{k: v for k, v in common.items() if k != "termination_log"})
+    code, result = run_merge(
+        tmp_path, output_dir=str(out), **{k: v for k, v in common.items() if k != "termination_log"}
+    )
     assert code == EXIT_OK, result
     manifest = json.loads((out / merge_output.MANIFEST).read_text())
     total = sum(r["bytes"] for r in manifest["files"].values())
     redone = total - sum(manifest["files"][n]["bytes"] for n in finished)
     assert result["bytes_written"] == redone < total
-    code, _ = run_merge(tmp_path, output_dir=str(tmp_path / "fresh"), **{k: v for k, v in common.items() if k != "termination_log"})
+    code, _ = run_merge(
+        tmp_path, output_dir=str(tmp_path / "fresh"), **{k: v for k, v in common.items() if k != "termination_log"}
+    )
     assert code == EXIT_OK
     fresh = json.loads((tmp_path / "fresh" / merge_output.MANIFEST).read_text())
     assert fresh["files"] == manifest["files"], "a resumed merge must equal an uninterrupted one, byte for byte"

@@ -40,8 +40,13 @@ def ready(data: bytes) -> sp.Block:
 
 def write(path, tensors, pipeline):
     """Our writer: header from (name, dtype, shape), then raw bytes."""
-    names = {np.dtype(np.float32): "F32", np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.int64): "I64",
-             np.dtype(np.float16): "F16", np.dtype(bool): "BOOL"}  # fmt: skip
+    names = {
+        np.dtype(np.float32): "F32",
+        np.dtype(ml_dtypes.bfloat16): "BF16",
+        np.dtype(np.int64): "I64",
+        np.dtype(np.float16): "F16",
+        np.dtype(bool): "BOOL",
+    }
     header = sio.header_bytes([(k, names[v.dtype], v.shape) for k, v in tensors.items()], {"format": "pt"})
     blocks = [ready(v.tobytes()) for v in tensors.values()]
     return sp.write_shard_file(path, header, iter(blocks), sum(v.nbytes for v in tensors.values()), pipeline)
@@ -52,8 +57,13 @@ def test_written_shards_read_back_with_safetensors(tmp_path, pipeline):
     digest = write(tmp_path / "ours.safetensors", tensors, pipeline)
     import torch
 
-    torch_dtypes = {"w.bf16": torch.bfloat16, "w.f32": torch.float32, "ids.i64": torch.int64, "scalar.f16": torch.float16,
-                    "flag.bool": torch.bool}  # fmt: skip
+    torch_dtypes = {
+        "w.bf16": torch.bfloat16,
+        "w.f32": torch.float32,
+        "ids.i64": torch.int64,
+        "scalar.f16": torch.float16,
+        "flag.bool": torch.bool,
+    }
     with safe_open(tmp_path / "ours.safetensors", "pt") as f:
         assert f.metadata() == {"format": "pt"} and list(f.keys()) == sorted(tensors)
         for name, value in tensors.items():
@@ -73,8 +83,15 @@ def test_headers_of_library_written_files_are_read(tmp_path):
     assert sorted(i.name for i in infos) == sorted(tensors), "every tensor, once"
     for info in infos:
         value = tensors[info.name]
-        assert (info.dtype, info.shape) == ({np.dtype(np.float32): "F32", np.dtype(np.int64): "I64", np.dtype(np.float16): "F16",
-                                             np.dtype(bool): "BOOL"}[value.dtype], value.shape)  # fmt: skip
+        assert (info.dtype, info.shape) == (
+            {
+                np.dtype(np.float32): "F32",
+                np.dtype(np.int64): "I64",
+                np.dtype(np.float16): "F16",
+                np.dtype(bool): "BOOL",
+            }[value.dtype],
+            value.shape,
+        )
         assert raw[info.offset : info.offset + info.nbytes] == value.tobytes()
 
 
@@ -113,7 +130,9 @@ def test_copy_blocks_are_raw_bytes(tmp_path, monkeypatch, pipeline):
     save_file({"x": value}, tmp_path / "in.safetensors")
     info = sio.read_header(str(tmp_path / "in.safetensors"))[0]
     blocks = sp.copy_blocks(pipeline.reader, info)
-    sp.write_shard_file(tmp_path / "out.safetensors", sio.header_bytes([("x", "F32", (50, 3))], {}), blocks, value.nbytes, pipeline)
+    sp.write_shard_file(
+        tmp_path / "out.safetensors", sio.header_bytes([("x", "F32", (50, 3))], {}), blocks, value.nbytes, pipeline
+    )
     with safe_open(tmp_path / "out.safetensors", "numpy") as f:
         assert f.get_tensor("x").tobytes() == value.tobytes()
 
@@ -125,7 +144,11 @@ def test_ranges_are_the_same_mapped_or_read(tmp_path):
     info = sio.read_header(str(tmp_path / "in.safetensors"))[0]
     reader = sio.Reader()
     for start, n in [(0, 20000), (4, 7), (4093, 9000)]:
-        assert bytes(reader.view(info, start, n)) == bytes(reader._read(info, start, n)) == value.tobytes()[start : start + n]
+        assert (
+            bytes(reader.view(info, start, n))
+            == bytes(reader._read(info, start, n))
+            == value.tobytes()[start : start + n]
+        )
     reader.close()
 
 
@@ -149,7 +172,9 @@ def test_a_failing_block_stops_the_shard(tmp_path, pipeline):
 
     header = sio.header_bytes([("x", "F32", (4,))], {})
     with pytest.raises(OSError, match="disk gone"):
-        sp.write_shard_file(tmp_path / "x.safetensors", header, iter([ready(b"\0" * 8), sp.Block(8, boom)]), 16, pipeline)
+        sp.write_shard_file(
+            tmp_path / "x.safetensors", header, iter([ready(b"\0" * 8), sp.Block(8, boom)]), 16, pipeline
+        )
     assert pipeline.stop.is_set()
 
 
@@ -161,11 +186,25 @@ def raw_file(path, header: dict, data: bytes):
 @pytest.mark.parametrize(
     "header,data,message",
     [
-        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4, "tensor a ends at byte .* the shard is truncated"),
-        ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, r"tensor a: 8 bytes do not hold F32\[3\]"),
+        (
+            {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+            b"\0" * 4,
+            "tensor a ends at byte .* the shard is truncated",
+        ),
+        (
+            {"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}},
+            b"\0" * 8,
+            r"tensor a: 8 bytes do not hold F32\[3\]",
+        ),
         ({"a": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, "tensor a: unknown dtype Q4"),
-        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-          "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, b"\0" * 12, "tensors a and b overlap"),  # fmt: skip
+        (
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+            },
+            b"\0" * 12,
+            "tensors a and b overlap",
+        ),
     ],
 )
 def test_bad_headers_name_the_tensor(tmp_path, header, data, message):
@@ -187,7 +226,9 @@ def test_index_must_agree_with_the_shards(tmp_path):
     save_file({"a": np.zeros(2, np.float32)}, tmp_path / "model-00001-of-00001.safetensors")
     index = {"weight_map": {"a": "model-00001-of-00001.safetensors", "b": "model-00001-of-00001.safetensors"}}
     (tmp_path / sio.INDEX).write_text(json.dumps(index))
-    with pytest.raises(sio.CheckpointError, match="puts tensor b in model-00001-of-00001.safetensors, but that shard does not hold it"):
+    with pytest.raises(
+        sio.CheckpointError, match="puts tensor b in model-00001-of-00001.safetensors, but that shard does not hold it"
+    ):
         sio.open_checkpoint(str(tmp_path))
     with pytest.raises(sio.CheckpointError, match="neither model.safetensors.index.json nor model.safetensors"):
         sio.open_checkpoint(str(tmp_path / "nothing"))

@@ -15,8 +15,13 @@ from gemma_workloads.training import attention, batches, loss
 from tests.workloads.training.tiny_lora import LENGTH, assert_close, logits, lora_grads, packed_batch, random_lora_model
 
 # cuDNN needs a GPU; splash runs interpreted off TPU.
-PATHS = ["xla", "splash", pytest.param("cudnn", marks=pytest.mark.skipif(
-    jax.default_backend() != "gpu", reason="cuDNN flash attention needs a GPU"))]
+PATHS = [
+    "xla",
+    "splash",
+    pytest.param(
+        "cudnn", marks=pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN flash attention needs a GPU")
+    ),
+]
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
@@ -41,8 +46,9 @@ def test_fused_attention_gives_the_reference_logits_and_gradients(models, path):
     fused = with_path(reference, path)
     valid = batch["segment_ids"] > 0  # padding positions' outputs are never used (no loss, attended by nobody)
     assert_close(logits(fused, batch)[valid], logits(reference, batch)[valid], dtype)
-    (fused_loss, fused_grads), (ref_loss, ref_grads) = (lora_grads(m, loss.token_weighted_nll, batch)
-                                                        for m in (fused, reference))
+    (fused_loss, fused_grads), (ref_loss, ref_grads) = (
+        lora_grads(m, loss.token_weighted_nll, batch) for m in (fused, reference)
+    )
     assert fused_loss == pytest.approx(ref_loss, rel=1e-5 if dtype == "float32" else 2e-2)
     for got, want in zip(fused_grads, ref_grads, strict=True):
         assert_close(got, want, dtype)
@@ -112,11 +118,16 @@ def test_cudnn_is_refused_without_a_gpu():
         attention.use_attention(random_lora_model("float32"), "cudnn")
 
 
-@pytest.mark.parametrize("head_dim,dtype,expected", [
-    (256, "bfloat16", "cudnn"), (256, "float16", "cudnn"), (128, "bfloat16", "cudnn"),
-    (512, "bfloat16", "xla"),  # the 31B model's global layers: above cuDNN's flash limit on Hopper
-    (256, "float32", "xla"),  # cuDNN flash attention takes half precision only
-])
+@pytest.mark.parametrize(
+    "head_dim,dtype,expected",
+    [
+        (256, "bfloat16", "cudnn"),
+        (256, "float16", "cudnn"),
+        (128, "bfloat16", "cudnn"),
+        (512, "bfloat16", "xla"),  # the 31B model's global layers: above cuDNN's flash limit on Hopper
+        (256, "float32", "xla"),  # cuDNN flash attention takes half precision only
+    ],
+)
 def test_cudnn_falls_back_to_xla_outside_its_limits(head_dim, dtype, expected):
     assert attention.dot_product_implementation("cudnn", head_dim, dtype) == expected
     assert attention.dot_product_implementation("xla", head_dim, dtype) == "xla"

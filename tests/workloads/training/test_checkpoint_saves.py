@@ -13,8 +13,13 @@ from gemma_workloads.training import checkpoint_writer as checkpoints
 
 
 def test_saves_are_asynchronous_and_timed_to_their_commit(tmp_path):
-    config = TrainConfig(model_path=str(tmp_path), dataset={"path": str(tmp_path / "d.jsonl")}, steps=10,
-                         checkpoint_every=5, output_dir=str(tmp_path / "out"))  # fmt: skip
+    config = TrainConfig(
+        model_path=str(tmp_path),
+        dataset={"path": str(tmp_path / "d.jsonl")},
+        steps=10,
+        checkpoint_every=5,
+        output_dir=str(tmp_path / "out"),
+    )
     times = checkpoints.SaveTimes()
     options = checkpoints.options(config, 10, times)
     assert options.enable_async_checkpointing

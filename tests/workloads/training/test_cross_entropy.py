@@ -50,8 +50,10 @@ def test_chunked_loss_never_materialises_the_logits():
     vocab = model.config.num_embed
 
     def biggest(chunk_tokens):
-        grad = nnx.value_and_grad(lambda m: loss.token_weighted_nll(m, **inputs, chunk_tokens=chunk_tokens),
-                                  argnums=nnx.DiffState(0, nnx.LoRAParam))
+        grad = nnx.value_and_grad(
+            lambda m: loss.token_weighted_nll(m, **inputs, chunk_tokens=chunk_tokens),
+            argnums=nnx.DiffState(0, nnx.LoRAParam),
+        )
         return largest_logits(jax.make_jaxpr(grad)(model).jaxpr, vocab)
 
     assert biggest(None) >= 2 * (LENGTH - 1) * vocab  # the reference holds them whole (the test can fail)

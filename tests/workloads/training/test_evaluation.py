@@ -30,27 +30,50 @@ MAX_SEQ_LEN = 64
 # ---------------------------------------------------------------------------- scoring
 
 
-@pytest.mark.parametrize("answer, expected, pattern, hits", [
-    ("The capital of Peru is Lima.", "The capital of Peru is Lima.", None, {"exactMatch": True, "contains": True}),
-    (" The capital of Peru\nis  Lima.\n", "The capital of Peru is Lima.", None, {"exactMatch": True, "contains": True}),
-    ("Well: the capital of Peru is Lima.", "the capital of Peru is Lima.", None, {"exactMatch": False, "contains": True}),
-    ("The capital of Peru is Lima", "The capital of Peru is Lima.", None, {"exactMatch": False, "contains": False}),
-    ("the capital of peru is lima.", "The capital of Peru is Lima.", None, {"exactMatch": False, "contains": False}),
-    ("It is Lima, I think.", "Lima", r"\bLima\b", {"exactMatch": False, "contains": True, "regexMatch": True}),
-    ("Limassol", "Lima", r"\bLima\b", {"exactMatch": False, "contains": True, "regexMatch": False}),
-    ("It is Lima.", "Lima", r"^Lima\.?$", {"exactMatch": False, "contains": True, "regexMatch": False}),
-    ("anything", None, None, {}),
-    ("Lima", None, "Lima|Cusco", {"regexMatch": True}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "answer, expected, pattern, hits",
+    [
+        ("The capital of Peru is Lima.", "The capital of Peru is Lima.", None, {"exactMatch": True, "contains": True}),
+        (
+            " The capital of Peru\nis  Lima.\n",
+            "The capital of Peru is Lima.",
+            None,
+            {"exactMatch": True, "contains": True},
+        ),
+        (
+            "Well: the capital of Peru is Lima.",
+            "the capital of Peru is Lima.",
+            None,
+            {"exactMatch": False, "contains": True},
+        ),
+        ("The capital of Peru is Lima", "The capital of Peru is Lima.", None, {"exactMatch": False, "contains": False}),
+        (
+            "the capital of peru is lima.",
+            "The capital of Peru is Lima.",
+            None,
+            {"exactMatch": False, "contains": False},
+        ),
+        ("It is Lima, I think.", "Lima", r"\bLima\b", {"exactMatch": False, "contains": True, "regexMatch": True}),
+        ("Limassol", "Lima", r"\bLima\b", {"exactMatch": False, "contains": True, "regexMatch": False}),
+        ("It is Lima.", "Lima", r"^Lima\.?$", {"exactMatch": False, "contains": True, "regexMatch": False}),
+        ("anything", None, None, {}),
+        ("Lima", None, "Lima|Cusco", {"regexMatch": True}),
+    ],
+)
 def test_scoring(answer, expected, pattern, hits):
     assert scores.hits(answer, expected, pattern) == hits
 
 
 def test_a_metric_without_eligible_rows_is_left_out():
     assert scores.rates([{"exactMatch": True, "contains": True}, {"exactMatch": False, "contains": True}, {}]) == {
-        "exactMatch": (0.5, 2), "contains": (1.0, 2)}
+        "exactMatch": (0.5, 2),
+        "contains": (1.0, 2),
+    }
     assert scores.rates([{"regexMatch": False}, {"regexMatch": True, "exactMatch": True, "contains": True}]) == {
-        "exactMatch": (1.0, 1), "contains": (1.0, 1), "regexMatch": (0.5, 2)}
+        "exactMatch": (1.0, 1),
+        "contains": (1.0, 1),
+        "regexMatch": (0.5, 2),
+    }
     assert scores.rates([{}, {}]) == {}
 
 
@@ -59,9 +82,16 @@ def test_a_metric_without_eligible_rows_is_left_out():
 
 def config_for(tmp: Path, model_path: str, fmt: str = "chat", **overrides) -> TrainConfig:
     dataset = tiny.write_dataset(tmp / f"{fmt}.jsonl", fmt, n=6)
-    values = dict(model_path=model_path, model_dtype="float32", micro_batch_size=4, batch_size=4, steps=1,
-                  dataset=dict(path=str(dataset), format=fmt, max_seq_len=MAX_SEQ_LEN),
-                  evaluation=dict(path=str(dataset), max_new_tokens=8), output_dir=str(tmp / "out"))  # fmt: skip
+    values = dict(
+        model_path=model_path,
+        model_dtype="float32",
+        micro_batch_size=4,
+        batch_size=4,
+        steps=1,
+        dataset=dict(path=str(dataset), format=fmt, max_seq_len=MAX_SEQ_LEN),
+        evaluation=dict(path=str(dataset), max_new_tokens=8),
+        output_dir=str(tmp / "out"),
+    )
     return TrainConfig.model_validate(values | overrides)
 
 
@@ -91,15 +121,20 @@ def test_rows_come_from_the_eval_file_or_the_held_out_lines(chat, tmp_path):
     lines = Path(config.dataset.path).read_text().splitlines()
     assert [r.expected for r in rows] == [json.loads(x)["messages"][-1]["content"] for x in lines]
     assert all(np.array_equal(r.prompt, r.examples[0].tokens[: len(r.prompt)]) for r in rows), "training's tokens"
-    held_out = config.model_copy(update={"evaluation": config.evaluation.model_copy(update={"path": None, "max_rows": 1})})
+    held_out = config.model_copy(
+        update={"evaluation": config.evaluation.model_copy(update={"path": None, "max_rows": 1})}
+    )
     examples = [e for r in rows for e in r.examples]
     assert [r.line for r in evaluate.prepare(held_out, codec, [examples[4], examples[2]])] == [3], "file order, capped"
     with pytest.raises(DataError, match=r"the held-out split is empty: set dataset\.eval_fraction or evaluation\.path"):
         evaluate.prepare(held_out, codec, [])
     longest = max(len(r.prompt) for r in rows)
     tight = config.evaluation.model_copy(update={"max_new_tokens": MAX_SEQ_LEN - longest + 1})
-    with pytest.raises(DataError, match=rf"chat\.jsonl:\d: the prompt of {longest} tokens plus evaluation\.max_new_tokens "
-                                        rf"{tight.max_new_tokens} exceeds dataset\.max_seq_len {MAX_SEQ_LEN}"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=rf"chat\.jsonl:\d: the prompt of {longest} tokens plus evaluation\.max_new_tokens "
+        rf"{tight.max_new_tokens} exceeds dataset\.max_seq_len {MAX_SEQ_LEN}",
+    ):
         read_rows(eval_dataset(config.dataset, tight), codec, tight)
 
 
@@ -130,8 +165,9 @@ def reference_greedy(model, prompt: np.ndarray, max_new_tokens: int, stop_ids: s
     without a cache. The sequence is right-padded to one length (one compiled program): with a
     causal mask, what follows a position cannot change its logits."""
     length = len(prompt) + max_new_tokens
-    forward = nnx.jit(lambda m, tokens: m(tokens, jnp.arange(length)[None], None,
-                                          jnp.tril(jnp.ones((1, length, length), bool)))[0])  # fmt: skip
+    forward = nnx.jit(
+        lambda m, tokens: m(tokens, jnp.arange(length)[None], None, jnp.tril(jnp.ones((1, length, length), bool)))[0]
+    )
     ids, new = list(prompt), []
     for _ in range(max_new_tokens):
         logits = forward(model, jnp.asarray([ids + [0] * (length - len(ids))], jnp.int32))
@@ -166,12 +202,15 @@ def test_the_baseline_is_the_model_without_its_adapter(chat, tiny_sharded):
     base = evaluate.score(base_model, rows, config, codec)
     assert result.base.answers == base.answers and result.base.loss == pytest.approx(base.loss, rel=1e-6)
     figures = {r.name: r for r in result.results}
-    assert figures["evalLoss"].baseline == result.base.loss and figures["evalLoss"].value != figures["evalLoss"].baseline
+    assert (
+        figures["evalLoss"].baseline == result.base.loss and figures["evalLoss"].value != figures["evalLoss"].baseline
+    )
     assert set(figures) == {"evalLoss", "perplexity", "exactMatch", "contains"}, "no row has expected_regex"
     assert figures["perplexity"].value == pytest.approx(math.exp(figures["evalLoss"].value))
     after = jax.tree.map(np.asarray, lora.lora_state(model).to_pure_dict())
-    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(tuned_state), strict=True)), \
-        "the adapter is restored after the baseline"  # fmt: skip
+    assert all(
+        np.array_equal(a, b) for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(tuned_state), strict=True)
+    ), "the adapter is restored after the baseline"
 
     fresh = lora.apply_lora(load_model(str(tiny_sharded.path), mesh=mesh.make_mesh(None))[0], LoraConfig(rank=4))
     for r in evaluate.evaluate(fresh, config, rows, codec).results:  # B starts at zero: the adapter adds nothing
@@ -189,8 +228,10 @@ def test_lora_dropout_is_off_while_evaluating(chat, tiny_sharded):
     assert first.loss == second.loss == third.loss and first.answers == second.answers == third.answers
     inputs = dict(input_tokens=jnp.asarray(rows[0].examples[0].tokens[None]))
     t = inputs["input_tokens"].shape[1]
-    logits = [with_dropout(inputs["input_tokens"], jnp.arange(t)[None], None, jnp.tril(jnp.ones((1, t, t), bool)))[0]
-              for _ in range(2)]  # fmt: skip
+    logits = [
+        with_dropout(inputs["input_tokens"], jnp.arange(t)[None], None, jnp.tril(jnp.ones((1, t, t), bool)))[0]
+        for _ in range(2)
+    ]
     assert not np.array_equal(logits[0], logits[1]), "the test must be able to fail: training's calls drop out"
 
 
@@ -210,12 +251,24 @@ def finished(tmp_path_factory, tiny_sharded):
         row["expected_regex"] = row["messages"][-1]["content"].split()[-1].rstrip(".")
     eval_file = tmp / "eval.jsonl"
     eval_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = TrainConfig.model_validate(dict(
-        model_path=str(model), model_dtype="float32", steps=6, batch_size=4, micro_batch_size=4, learning_rate=1e-2,
-        dataset=dict(path=str(dataset), format="chat", max_seq_len=MAX_SEQ_LEN), lora=dict(rank=4, alpha=8.0),
-        checkpoint_every=3, keep_checkpoints=2, log_every=1, output_dir=str(tmp / "out"),
-        termination_log=str(tmp / "termination-log"), evaluation=dict(path=str(eval_file), max_rows=5, max_new_tokens=10),
-    ))  # fmt: skip
+    config = TrainConfig.model_validate(
+        dict(
+            model_path=str(model),
+            model_dtype="float32",
+            steps=6,
+            batch_size=4,
+            micro_batch_size=4,
+            learning_rate=1e-2,
+            dataset=dict(path=str(dataset), format="chat", max_seq_len=MAX_SEQ_LEN),
+            lora=dict(rank=4, alpha=8.0),
+            checkpoint_every=3,
+            keep_checkpoints=2,
+            log_every=1,
+            output_dir=str(tmp / "out"),
+            termination_log=str(tmp / "termination-log"),
+            evaluation=dict(path=str(eval_file), max_rows=5, max_new_tokens=10),
+        )
+    )
     return config, train.run(config)
 
 
@@ -273,5 +326,7 @@ def test_a_figure_that_is_not_finite_fails_the_run_and_keeps_the_checkpoint(fini
     result = json.loads(Path(config.termination_log).read_text())
     assert result["status"] == "failed" and result["step"] == 6 and result["checkpoint"].endswith("/6")
     assert result["error"].startswith("evaluation: figures that are not finite: evalLoss nan (base nan)"), result
-    assert {"name": "evalLoss", "value": None, "baseline": None, "rows": 5} in result["evaluation"], "NaN is null in JSON"
+    assert {"name": "evalLoss", "value": None, "baseline": None, "rows": 5} in result["evaluation"], (
+        "NaN is null in JSON"
+    )
     assert checkpoint_files(config) == before, "the checkpoint is kept"

@@ -24,8 +24,9 @@ def hf_logits(path, ids: np.ndarray) -> np.ndarray:
     import torch
     from transformers import AutoModelForCausalLM
 
-    hf, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager",
-                                                    output_loading_info=True)  # fmt: skip
+    hf, info = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     with torch.no_grad():
         return hf(torch.tensor(ids)).logits.numpy()
@@ -74,8 +75,13 @@ def test_lora_regex_targets_decoder_projections_only():
     regex = lora.module_regex(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     import re
 
-    for path in ["layers/0/attn/q_einsum", "layers/5/attn/k_einsum", "layers/0/attn/kv_einsum",
-                 "layers/1/attn/attn_vec_einsum", "layers/3/mlp/down_proj"]:
+    for path in [
+        "layers/0/attn/q_einsum",
+        "layers/5/attn/k_einsum",
+        "layers/0/attn/kv_einsum",
+        "layers/1/attn/attn_vec_einsum",
+        "layers/3/mlp/down_proj",
+    ]:
         assert re.fullmatch(regex, path), path
     for path in ["vision_encoder/layers/0/mlp/up_proj_x", "embedder/input_embedding", "layers/0/attn/q_einsum_2"]:
         assert not re.fullmatch(regex, path), path
@@ -91,7 +97,9 @@ def test_lora_adapts_every_target_and_starts_as_identity(tiny_sharded, token_ids
     m = lora.apply_lora(m, LoraConfig(rank=4, alpha=8.0))
     np.testing.assert_array_equal(tunix_logits(m, token_ids), base)
     state = lora.lora_state(m).to_pure_dict()
-    adapted = {(layer, part, mod) for layer, parts in state["layers"].items() for part, mods in parts.items() for mod in mods}
+    adapted = {
+        (layer, part, mod) for layer, parts in state["layers"].items() for part, mods in parts.items() for mod in mods
+    }
     assert (1, "attn", "k_einsum") in adapted, "the global layer's keys must be adapted"
     assert (0, "attn", "kv_einsum") in adapted
     assert len(adapted) == 12  # 6 modules x 2 layers

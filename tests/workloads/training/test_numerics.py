@@ -27,9 +27,19 @@ def release_config(tmp: Path, model: Path, dtype: str, **overrides) -> TrainConf
     if not dataset.exists():
         tiny.write_dataset(dataset, "chat", n=64)
     values = dict(
-        model_path=str(model), model_dtype=dtype, dataset=dict(path=str(dataset), format="chat", max_seq_len=64),
-        lora=dict(rank=8, alpha=16.0), steps=STEPS, batch_size=8, micro_batch_size=1, learning_rate=1e-2, warmup_steps=1,
-        checkpoint_every=STEPS, log_every=1, output_dir=str(tmp / "out"), termination_log=str(tmp / "termination-log"),
+        model_path=str(model),
+        model_dtype=dtype,
+        dataset=dict(path=str(dataset), format="chat", max_seq_len=64),
+        lora=dict(rank=8, alpha=16.0),
+        steps=STEPS,
+        batch_size=8,
+        micro_batch_size=1,
+        learning_rate=1e-2,
+        warmup_steps=1,
+        checkpoint_every=STEPS,
+        log_every=1,
+        output_dir=str(tmp / "out"),
+        termination_log=str(tmp / "termination-log"),
     )
     return TrainConfig.model_validate(values | overrides)
 
@@ -86,9 +96,15 @@ def test_a_small_learning_rate_step_moves_the_float32_adapter(release_runs):
     included; stored in bf16, almost none of them would have changed."""
     config, _ = release_runs["bfloat16"]
     step = Path(config.checkpoint_dir) / str(STEPS)
-    assert saved_float_dtypes(step / "model_params") == saved_float_dtypes(step / "optimizer_state") == {np.dtype(np.float32)}
+    assert (
+        saved_float_dtypes(step / "model_params")
+        == saved_float_dtypes(step / "optimizer_state")
+        == {np.dtype(np.float32)}
+    )
     adapter = lora_params(config.checkpoint_dir, STEPS)
-    small = config.model_copy(update={"learning_rate": 1e-5, "lr_schedule": "constant", "warmup_steps": 0, "weight_decay": 0.1})
+    small = config.model_copy(
+        update={"learning_rate": 1e-5, "lr_schedule": "constant", "warmup_steps": 0, "weight_decay": 0.1}
+    )
     optimizer, rng = train.optimizer(small, STEPS), np.random.default_rng(0)
     grads = {k: jnp.asarray(rng.normal(0.0, 1e-3, v.shape), jnp.float32) for k, v in adapter.items()}
     updates, _ = optimizer.update(grads, optimizer.init(adapter), adapter)
@@ -111,8 +127,14 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step(release_runs, tiny_rele
     weights["model.layers.1.mlp.up_proj.weight"][0, 0] = np.inf
     save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
     reference, _ = release_runs["bfloat16"]
-    config = reference.model_copy(update={"model_path": str(model), "checkpoint_every": 1, "output_dir": str(tmp_path / "out"),
-                                          "termination_log": str(tmp_path / "termination-log")})
+    config = reference.model_copy(
+        update={
+            "model_path": str(model),
+            "checkpoint_every": 1,
+            "output_dir": str(tmp_path / "out"),
+            "termination_log": str(tmp_path / "termination-log"),
+        }
+    )
     path = tmp_path / "config.json"
     path.write_text(config.dumps())
     assert runner.main(["train", "--config", str(path)]) == EXIT_FAILED

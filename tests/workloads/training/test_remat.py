@@ -8,12 +8,18 @@ import pydantic
 import pytest
 from flax import nnx
 
-from gemma_workloads.training import attention, batches, loss, remat
 from gemma_workloads.config import REMAT_POLICIES, TrainConfig
+from gemma_workloads.training import attention, batches, loss, remat
 from tests.workloads.training.tiny_lora import assert_close, lora_grads, packed_batch, random_lora_model
 
-POLICIES = [p if p != "offload" else pytest.param(p, marks=pytest.mark.skipif(
-    not remat.offload_supported(), reason="no pinned host memory on this platform")) for p in REMAT_POLICIES]
+POLICIES = [
+    p
+    if p != "offload"
+    else pytest.param(
+        p, marks=pytest.mark.skipif(not remat.offload_supported(), reason="no pinned host memory on this platform")
+    )
+    for p in REMAT_POLICIES
+]
 
 
 @pytest.fixture(scope="module")

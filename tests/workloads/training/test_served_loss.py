@@ -25,8 +25,10 @@ def conversations(seed: int = 0) -> list[list[dict]]:
     for a, b in pairs:
         chat = [{"role": "system", "content": SYSTEM}]
         for country in (a, b):
-            chat += [{"role": "user", "content": rng.choice(tiny.QUESTIONS).format(c=country)},
-                     {"role": "assistant", "content": f"The capital of {country} is {tiny.COUNTRIES[country]}."}]
+            chat += [
+                {"role": "user", "content": rng.choice(tiny.QUESTIONS).format(c=country)},
+                {"role": "assistant", "content": f"The capital of {country} is {tiny.COUNTRIES[country]}."},
+            ]
         chats.append(chat)
     return chats
 
@@ -46,8 +48,9 @@ def served_answer_loss(model_path: Path, chats: list[list[dict]]) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model, info = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="eager",
-                                                       output_loading_info=True)  # fmt: skip
+    model, info = AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     end_of_turn = tokenizer.convert_tokens_to_ids(END_OF_TURN)
     total, count = 0.0, 0
@@ -58,7 +61,7 @@ def served_answer_loss(model_path: Path, chats: list[list[dict]]) -> float:
             ids = torch.tensor([prompt + answer])
             with torch.no_grad():
                 logits = model(ids).logits[0, len(prompt) - 1 : -1]
-            total += float(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt):], reduction="sum"))
+            total += float(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt) :], reduction="sum"))
             count += len(answer)
     return total / count
 
@@ -73,17 +76,27 @@ def test_merged_fine_tune_lowers_the_loss_of_served_answers(tiny_single, tmp_pat
     dataset = tmp_path / "chats.jsonl"
     dataset.write_text("".join(json.dumps({"messages": c}) + "\n" for c in train_chats))
     config = TrainConfig(
-        model_path=str(tiny_single.path), model_dtype="float32",
-        dataset=dict(path=str(dataset), format="chat", max_seq_len=80), lora=dict(rank=8, alpha=16.0),
-        steps=30, batch_size=8, micro_batch_size=8, learning_rate=3e-3, warmup_steps=3, checkpoint_every=30,
-        gradient_checkpointing=False, output_dir=str(tmp_path / "train"), termination_log=str(tmp_path / "train-log"),
-    )  # fmt: skip
+        model_path=str(tiny_single.path),
+        model_dtype="float32",
+        dataset=dict(path=str(dataset), format="chat", max_seq_len=80),
+        lora=dict(rank=8, alpha=16.0),
+        steps=30,
+        batch_size=8,
+        micro_batch_size=8,
+        learning_rate=3e-3,
+        warmup_steps=3,
+        checkpoint_every=30,
+        gradient_checkpointing=False,
+        output_dir=str(tmp_path / "train"),
+        termination_log=str(tmp_path / "train-log"),
+    )
     assert len(train.prepare_data(config).train.rows) == 2 * len(train_chats), "each assistant turn is a sequence"
     outcome = train.run(config)
     assert outcome.exit_code == EXIT_OK, outcome.result
     merged = tmp_path / "merged"
-    code, result = run_merge(tmp_path, base_model_path=str(tiny_single.path), checkpoint_dir=config.checkpoint_dir,
-                             output_dir=str(merged))  # fmt: skip
+    code, result = run_merge(
+        tmp_path, base_model_path=str(tiny_single.path), checkpoint_dir=config.checkpoint_dir, output_dir=str(merged)
+    )
     assert code == EXIT_OK, result
 
     base, tuned = served_answer_loss(tiny_single.path, held_out), served_answer_loss(merged, held_out)

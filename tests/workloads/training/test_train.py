@@ -48,24 +48,38 @@ def make_config(tmp: Path, model_path: str, fmt: str = "chat", **overrides) -> T
     if not dataset.exists():
         tiny.write_dataset(dataset, fmt, n=64)
     values = dict(
-        model_path=model_path, model_dtype="float32",
+        model_path=model_path,
+        model_dtype="float32",
         dataset=dict(path=str(dataset), format=fmt, max_seq_len=64, eval_fraction=0.1),
-        lora=dict(rank=8, alpha=16.0, dropout=0.05), steps=STEPS, batch_size=8, micro_batch_size=4,
-        learning_rate=3e-3, warmup_steps=3, checkpoint_every=EVERY, keep_checkpoints=2, log_every=1,
-        output_dir=str(tmp / "out"), termination_log=str(tmp / "termination-log"),
+        lora=dict(rank=8, alpha=16.0, dropout=0.05),
+        steps=STEPS,
+        batch_size=8,
+        micro_batch_size=4,
+        learning_rate=3e-3,
+        warmup_steps=3,
+        checkpoint_every=EVERY,
+        keep_checkpoints=2,
+        log_every=1,
+        output_dir=str(tmp / "out"),
+        termination_log=str(tmp / "termination-log"),
     )
     return TrainConfig.model_validate(values | overrides)
 
 
 def elsewhere(config: TrainConfig, tmp: Path, **changes) -> TrainConfig:
     """The same run writing to another folder."""
-    return config.model_copy(update={"output_dir": str(tmp / "out"), "termination_log": str(tmp / "termination-log")} | changes)
+    return config.model_copy(
+        update={"output_dir": str(tmp / "out"), "termination_log": str(tmp / "termination-log")} | changes
+    )
 
 
 def lora_params(checkpoint_dir: str, step: int) -> dict[str, np.ndarray]:
     """`model_params` of a step, restored by the merge's own reader: host arrays, no model."""
     restored = lora_checkpoint.restore_params(lora_checkpoint.locate(checkpoint_dir, step, None))
-    return {"/".join(str(getattr(k, "key", k)) for k in path): v for path, v in jax.tree_util.tree_leaves_with_path(restored)}
+    return {
+        "/".join(str(getattr(k, "key", k)) for k in path): v
+        for path, v in jax.tree_util.tree_leaves_with_path(restored)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -114,12 +128,18 @@ def test_checkpoint_layout_is_the_documented_one(runs):
     params = lora_params(str(root), 30)
     layer0 = {k.removeprefix("layers/0/"): v.shape for k, v in params.items() if k.startswith("layers/0/")}
     assert layer0 == {  # tiny: D=96, F=192, 4 heads of 32, 2 KV heads; rank 8
-        "attn/q_einsum/w_lora_a/value": (96, 8), "attn/q_einsum/w_lora_b/value": (8, 4, 32),
-        "attn/kv_einsum/w_lora_a/value": (96, 8), "attn/kv_einsum/w_lora_b/value": (8, 2, 2, 32),
-        "attn/attn_vec_einsum/w_lora_a/value": (4, 32, 8), "attn/attn_vec_einsum/w_lora_b/value": (8, 96),
-        "mlp/gate_proj/kernel_lora_a/value": (96, 8), "mlp/gate_proj/kernel_lora_b/value": (8, 192),
-        "mlp/up_proj/kernel_lora_a/value": (96, 8), "mlp/up_proj/kernel_lora_b/value": (8, 192),
-        "mlp/down_proj/kernel_lora_a/value": (192, 8), "mlp/down_proj/kernel_lora_b/value": (8, 96),
+        "attn/q_einsum/w_lora_a/value": (96, 8),
+        "attn/q_einsum/w_lora_b/value": (8, 4, 32),
+        "attn/kv_einsum/w_lora_a/value": (96, 8),
+        "attn/kv_einsum/w_lora_b/value": (8, 2, 2, 32),
+        "attn/attn_vec_einsum/w_lora_a/value": (4, 32, 8),
+        "attn/attn_vec_einsum/w_lora_b/value": (8, 96),
+        "mlp/gate_proj/kernel_lora_a/value": (96, 8),
+        "mlp/gate_proj/kernel_lora_b/value": (8, 192),
+        "mlp/up_proj/kernel_lora_a/value": (96, 8),
+        "mlp/up_proj/kernel_lora_b/value": (8, 192),
+        "mlp/down_proj/kernel_lora_a/value": (192, 8),
+        "mlp/down_proj/kernel_lora_b/value": (8, 96),
     }
     assert params["layers/1/attn/k_einsum/w_lora_b/value"].shape == (8, 1, 64), "global layer: K=V, one KV head of 64"
     assert all(np.abs(v).max() > 0 for k, v in params.items() if "lora_b" in k), "every adapter was trained"
@@ -147,8 +167,12 @@ def test_prompt_tokens_do_not_count(tmp_path, tiny_sharded, tiny_on_one_device):
 
     def batch(questions: list[str]) -> dict:
         path = tmp_path / "q.jsonl"
-        path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
-                                + "\n" for q, a in zip(questions, answers, strict=True)))
+        path.write_text(
+            "".join(
+                json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n"
+                for q, a in zip(questions, answers, strict=True)
+            )
+        )
         rows = batches.layout(read_examples(DatasetConfig(path=str(path)), codec).items, 48, packing=False)
         return rows.take(np.arange(len(rows)))
 
@@ -195,11 +219,15 @@ def test_every_trained_token_of_an_accumulated_step_weighs_the_same():
     assert np.mean(losses) == pytest.approx(float(whole_loss), rel=1e-6)
     whole = whole_grad.logits[...]
     np.testing.assert_allclose(sum(g.logits[...] for g in grads) / 2, whole, rtol=1e-5, atol=1e-8)
-    own_means = sum(g.logits[...] * 32 / (2 * b["loss_mask"][:, 1:].sum()) for g, b in zip(grads, micro, strict=True)) / 2
+    own_means = (
+        sum(g.logits[...] * 32 / (2 * b["loss_mask"][:, 1:].sum()) for g, b in zip(grads, micro, strict=True)) / 2
+    )
     assert np.abs(own_means - whole).max() > 0.1 * np.abs(whole).max(), "the test must be able to fail"
 
 
-def test_remat_recomputes_each_decoder_layer_with_the_same_gradients(tmp_path, tiny_sharded, tiny_on_one_device, token_ids):
+def test_remat_recomputes_each_decoder_layer_with_the_same_gradients(
+    tmp_path, tiny_sharded, tiny_on_one_device, token_ids
+):
     device_mesh, (model, _) = tiny_on_one_device
     config = make_config(tmp_path, str(tiny_sharded.path), lora=dict(rank=8, alpha=16.0), gradient_checkpointing=True)
     model, _ = train.adapt(model, config, device_mesh)
@@ -207,8 +235,12 @@ def test_remat_recomputes_each_decoder_layer_with_the_same_gradients(tmp_path, t
     for path, var in nnx.iter_graph(model):
         if isinstance(var, nnx.LoRAParam) and path[-1].endswith("lora_b"):
             var[...] = np.full(var.shape, 0.01, np.float32)  # a non-zero adapter, so every gradient matters
-    batch = {"tokens": token_ids, "loss_mask": np.ones_like(token_ids, bool), "segment_ids": np.ones_like(token_ids),
-             "positions": np.tile(np.arange(token_ids.shape[1], dtype=np.int32), (len(token_ids), 1))}
+    batch = {
+        "tokens": token_ids,
+        "loss_mask": np.ones_like(token_ids, bool),
+        "segment_ids": np.ones_like(token_ids),
+        "positions": np.tile(np.arange(token_ids.shape[1], dtype=np.int32), (len(token_ids), 1)),
+    }
 
     def grad():  # a new function each time: nnx reuses a function's trace for the same graph
         return nnx.value_and_grad(lambda m: peft_trainer_loss(m, batch), argnums=nnx.DiffState(0, nnx.LoRAParam))
@@ -226,7 +258,8 @@ def peft_trainer_loss(model, batch: dict):
     from tunix.sft import peft_trainer
 
     return peft_trainer.PeftTrainer(model, optax.sgd(0.0), peft_trainer.TrainingConfig(eval_every_n_steps=1)).loss_fn(
-        model, **batches.model_inputs(batch))
+        model, **batches.model_inputs(batch)
+    )
 
 
 def test_learning_rate_schedules(tmp_path, tiny_sharded):
@@ -274,15 +307,22 @@ def run_cli(config: TrainConfig, tmp: Path, name: str, *, sigterm_at: int | None
     err = tmp / f"{name}.stderr"
     env = os.environ | {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
     with err.open("w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "gemma_workloads", "train", "--config", str(path)],
-                                stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gemma_workloads", "train", "--config", str(path)],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=env,
+        )
         progress = []
         for line in proc.stdout:
             progress.append(Progress.model_validate_json(line))
             if sigterm_at is not None and progress[-1].step == sigterm_at:
                 proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=600)
-    return Ended(code, progress, err.read_text(), TrainResult.model_validate_json(Path(config.termination_log).read_text()))
+    return Ended(
+        code, progress, err.read_text(), TrainResult.model_validate_json(Path(config.termination_log).read_text())
+    )
 
 
 def step_of(checkpoint: str) -> int:
@@ -332,8 +372,9 @@ def test_sharded_run_matches_the_single_device_run(runs, tmp_path):
     assert ended.code == EXIT_OK, ended.stderr
     lora_count = sum(math.prod(s) for m in tiny.lora_shapes(tiny.TinyConfig(), 8).values() for s in m.values())
     flops = metrics.flops_per_token(tunix_config(read_hf_config(config.model_path)), 64, lora_count)
-    assert all(p.mfu == pytest.approx(p.tokens_per_second * flops / (4 * 0.05e12)) for p in ended.progress[1:]), \
+    assert all(p.mfu == pytest.approx(p.tokens_per_second * flops / (4 * 0.05e12)) for p in ended.progress[1:]), (
         "MFU: the model's FLOPs at the measured rate over 4 devices' peak"
+    )
     assert "mesh fsdp=1 x tp=4 over 4 cpu device(s)" in ended.stderr
     assert "replicated (does not divide the mesh): layers/0/attn/kv_einsum/w axis 1 (2 over tp)" in ended.stderr
     specs = saved_partition_specs(Path(config.checkpoint_dir) / str(STEPS) / "model_params")
@@ -351,7 +392,10 @@ def saved_partition_specs(item: Path) -> dict[str, list]:
     """Orbax's record of how each saved array was sharded (keys are base64 of the dotted path)."""
     import base64
 
-    return {base64.b64decode(k).decode(): json.loads(v)["partition_spec"] for k, v in json.loads((item / "_sharding").read_text()).items()}
+    return {
+        base64.b64decode(k).decode(): json.loads(v)["partition_spec"]
+        for k, v in json.loads((item / "_sharding").read_text()).items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -363,7 +407,10 @@ def bad_input_dir(tmp_path_factory, tiny_sharded) -> tuple[Path, TrainConfig]:
 # Inputs broken on their own are refused before JAX is imported (test_preflight.py); these need the
 # tokenised data.
 BAD_CONFIG = {
-    "seq too short for any example": ({"dataset": {"max_seq_len": 16}}, r"max_seq_len 16 is shorter than every example"),
+    "seq too short for any example": (
+        {"dataset": {"max_seq_len": 16}},
+        r"max_seq_len 16 is shorter than every example",
+    ),
     "warmup as long as the run": ({"warmup_steps": 4}, r"warmup_steps 4 must be smaller than the 4 training steps"),
 }
 

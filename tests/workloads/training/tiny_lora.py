@@ -10,9 +10,9 @@ from flax import nnx
 from tunix.models.gemma4 import model as gemma4
 
 from gemma_workloads import tiny
-from gemma_workloads.training import model_loader as model
-from gemma_workloads.training import batches, lora
 from gemma_workloads.config import LoraConfig
+from gemma_workloads.training import batches, lora
+from gemma_workloads.training import model_loader as model
 
 LENGTH = 128  # splash attention's blocks are multiples of 128; the sliding window is 16
 # Row 0 packs two examples then padding; row 1 holds one example then padding.
@@ -40,18 +40,25 @@ def packed_batch(seed: int = 0) -> dict[str, np.ndarray]:
     shape = (2, LENGTH)
     tokens = rng.integers(6, tiny.TinyConfig().vocab_size, shape).astype(np.int32)
     segment_ids, positions = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
-    for row, (start, end, segment) in zip((0, 0, 1), SEGMENTS):
+    for row, (start, end, segment) in zip((0, 0, 1), SEGMENTS, strict=True):
         segment_ids[row, start:end] = segment
         positions[row, start:end] = np.arange(end - start)
     loss_mask = segment_ids > 0
     loss_mask[:, 0] = loss_mask[0, 40] = False  # a segment's first token is never a target
-    return {"tokens": tokens, "loss_mask": loss_mask, "segment_ids": segment_ids, "positions": positions,
-            "loss_scale": np.full(2, 1 / loss_mask[:, 1:].sum(), np.float32)}
+    return {
+        "tokens": tokens,
+        "loss_mask": loss_mask,
+        "segment_ids": segment_ids,
+        "positions": positions,
+        "loss_scale": np.full(2, 1 / loss_mask[:, 1:].sum(), np.float32),
+    }
 
 
 def logits(lora_model: gemma4.Gemma4, batch: dict[str, np.ndarray]) -> np.ndarray:
     inputs = batches.model_inputs(batch)
-    out, _ = nnx.jit(lambda m: m(inputs["input_tokens"], inputs["positions"], None, inputs["attention_mask"]))(lora_model)
+    out, _ = nnx.jit(lambda m: m(inputs["input_tokens"], inputs["positions"], None, inputs["attention_mask"]))(
+        lora_model
+    )
     return np.asarray(out, np.float32)
 
 
@@ -59,7 +66,8 @@ def lora_grads(lora_model: gemma4.Gemma4, loss_fn, batch: dict[str, np.ndarray])
     """The loss and its gradient with respect to every LoRA factor."""
     inputs = batches.model_inputs(batch)
     value, grads = nnx.jit(nnx.value_and_grad(lambda m: loss_fn(m, **inputs), argnums=nnx.DiffState(0, nnx.LoRAParam)))(
-        lora_model)
+        lora_model
+    )
     return float(value), [np.asarray(g, np.float32) for g in jax.tree.leaves(grads)]
 
 

@@ -133,7 +133,9 @@ def locate(checkpoint_dir: str, step: int | None, override: LoraConfig | None) -
             raise LoraCheckpointError(f"{checkpoint_dir}: no complete checkpoint step")
         step = max(steps)
     elif step not in steps:
-        raise LoraCheckpointError(f"{checkpoint_dir}: step {step} is not a complete checkpoint (complete: {list(steps)})")
+        raise LoraCheckpointError(
+            f"{checkpoint_dir}: step {step} is not a complete checkpoint (complete: {list(steps)})"
+        )
     folder = epath.Path(checkpoint_dir) / str(step)
     return LoraCheckpoint(checkpoint_dir, str(folder), step, resolve_lora(checkpoint_dir, override), steps[step])
 
@@ -147,7 +149,9 @@ def restore_params(ckpt: LoraCheckpoint) -> dict[str, Any]:
     manager = _manager(ckpt.checkpoint_dir)
     metadata = manager.item_metadata(ckpt.step)[ITEM]
     as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata.tree)
-    restored = manager.restore(ckpt.step, args=ocp.args.Composite(**{ITEM: ocp.args.PyTreeRestore(restore_args=as_numpy)}))
+    restored = manager.restore(
+        ckpt.step, args=ocp.args.Composite(**{ITEM: ocp.args.PyTreeRestore(restore_args=as_numpy)})
+    )
     return restored[ITEM]
 
 

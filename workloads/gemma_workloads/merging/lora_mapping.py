@@ -73,7 +73,9 @@ def lora_modules(tree: dict[str, Any]) -> dict[tuple[int, str], dict[str, np.nda
         key = "/".join(p for p in path if p != "value")
         m = _PARAM.fullmatch(key)
         if not m or m.group(3) not in HF_TENSORS:
-            raise LoraMappingError(f"LoRA parameter {key}: not a Gemma 4 decoder projection the merge knows ({sorted(HF_TENSORS)})")
+            raise LoraMappingError(
+                f"LoRA parameter {key}: not a Gemma 4 decoder projection the merge knows ({sorted(HF_TENSORS)})"
+            )
         modules.setdefault((int(m.group(1)), m.group(3)), {})[m.group(4)] = np.asarray(leaf)
     for (layer, module), ab in modules.items():
         if set(ab) != {"a", "b"}:
@@ -114,6 +116,8 @@ def decoder_names(base_names: list[str]) -> dict[str, str]:
         m = _DECODER_KEY.fullmatch(name)
         if m:
             if m.group(2) in out:
-                raise LoraMappingError(f"base checkpoint has both {out[m.group(2)]} and {name}: which one to merge into?")
+                raise LoraMappingError(
+                    f"base checkpoint has both {out[m.group(2)]} and {name}: which one to merge into?"
+                )
             out[m.group(2)] = name
     return out

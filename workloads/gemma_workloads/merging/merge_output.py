@@ -95,7 +95,9 @@ def copy_model_files(base_path: str, staging: Path) -> list[str]:
     return sorted(names)
 
 
-def publish(staging: Path, output: Path, weight_map: dict[str, str], total_size: int, records: dict[str, dict], manifest: dict) -> None:
+def publish(
+    staging: Path, output: Path, weight_map: dict[str, str], total_size: int, records: dict[str, dict], manifest: dict
+) -> None:
     """Index, then manifest, then one rename: the output appears whole or not at all."""
     _write_json(staging / INDEX, {"metadata": {"total_size": total_size}, "weight_map": weight_map})
     _write_json(staging / MANIFEST, {**manifest, "files": records})
@@ -128,7 +130,9 @@ def complete_merge(output: Path, inputs: str) -> dict | None:
         return None
     manifest = read_manifest(output)
     if manifest is None or manifest.get("inputs") != inputs:
-        raise OutputError(f"{output} already holds something other than a merge of these inputs: refusing to overwrite it")
+        raise OutputError(
+            f"{output} already holds something other than a merge of these inputs: refusing to overwrite it"
+        )
     for name, record in manifest["files"].items():
         if not (output / name).exists() or (output / name).stat().st_size != record["bytes"]:
             raise OutputError(f"{output}: {name} is missing or has the wrong size; delete the output to merge again")

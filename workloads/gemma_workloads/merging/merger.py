@@ -124,7 +124,9 @@ def check_targets(deltas: dict[str, lora_mapping.Delta], targets: list[str]) -> 
         raise MergeError(f"target_modules {missing} have no LoRA parameters in the checkpoint")
 
 
-def plan(base: BaseCheckpoint, targets: dict[str, lora_mapping.Delta], dtype: str | None, shard_size: int) -> list[OutShard]:
+def plan(
+    base: BaseCheckpoint, targets: dict[str, lora_mapping.Delta], dtype: str | None, shard_size: int
+) -> list[OutShard]:
     """Output shards in base storage order, split the HF way: a shard closes before it would pass
     `shard_size` bytes, and a tensor larger than that gets a shard of its own. A merged tensor
     keeps its base dtype unless `dtype` is given; the others always keep theirs."""
@@ -168,7 +170,9 @@ def write_shard(staging: Path, shard: OutShard, pipeline: Pipeline) -> dict:
             else:
                 yield from merge_blocks(pipeline.reader, item.info, item.delta.factors(), item.dtype, pipeline.buffers)
 
-    sha256 = write_shard_file(merge_output.shard_tmp(staging, shard.name), shard.header, blocks(), shard.data_bytes, pipeline)
+    sha256 = write_shard_file(
+        merge_output.shard_tmp(staging, shard.name), shard.header, blocks(), shard.data_bytes, pipeline
+    )
     return merge_output.record_shard(staging, shard.name, shard.file_bytes, sha256)
 
 
@@ -203,11 +207,21 @@ def merge(config: MergeConfig) -> MergeResult:
     merge_output.prepare_staging(staging, inputs)
     records = {s.name: r for s in shards if (r := merge_output.finished(staging, s.name, s.file_bytes))}
     todo = [s for s in shards if s.name not in records]
-    log.info("merge: step %d of %s into %s: %d shards, %d to write", ckpt.step, ckpt.checkpoint_dir, output, len(shards), len(todo))
+    log.info(
+        "merge: step %d of %s into %s: %d shards, %d to write",
+        ckpt.step,
+        ckpt.checkpoint_dir,
+        output,
+        len(shards),
+        len(todo),
+    )
     # Two shards at a time, so one's final sync overlaps the next one's work. One BLAS thread per
     # worker: OpenBLAS's own threads would spin against ours.
-    with (threadpool_limits(1, "blas"), ThreadPoolExecutor(config.workers) as pool,
-          ThreadPoolExecutor(MERGE_SHARD_WRITERS) as writers):
+    with (
+        threadpool_limits(1, "blas"),
+        ThreadPoolExecutor(config.workers) as pool,
+        ThreadPoolExecutor(MERGE_SHARD_WRITERS) as writers,
+    ):
         pipeline = Pipeline.create(pool, config.workers)
         futures = {writers.submit(write_shard, staging, s, pipeline): s for s in todo}
         try:
@@ -237,5 +251,10 @@ def merge(config: MergeConfig) -> MergeResult:
 
 
 def _result(output: Path, manifest: dict, written: int, started: float) -> MergeResult:
-    return MergeResult(status="succeeded", output=str(output), tensors_merged=len(manifest["merged"]),
-                       bytes_written=written, seconds=round(time.monotonic() - started, 3))  # fmt: skip
+    return MergeResult(
+        status="succeeded",
+        output=str(output),
+        tensors_merged=len(manifest["merged"]),
+        bytes_written=written,
+        seconds=round(time.monotonic() - started, 3),
+    )

@@ -86,7 +86,9 @@ def copy_blocks(reader: Reader, info: TensorInfo) -> Iterator[Block]:
         yield Block(len(view), lambda view=view: (view, None))
 
 
-def merge_blocks(reader: Reader, info: TensorInfo, delta: RowDelta, out_dtype: str, buffers: Buffers) -> Iterator[Block]:
+def merge_blocks(
+    reader: Reader, info: TensorInfo, delta: RowDelta, out_dtype: str, buffers: Buffers
+) -> Iterator[Block]:
     """W + delta in float32 a block of rows at a time, cast to `out_dtype` (round to nearest even)."""
     in_dtype, out_np = FLOAT_DTYPES[info.dtype], FLOAT_DTYPES[out_dtype]
     row_items = math.prod(info.shape[1:])

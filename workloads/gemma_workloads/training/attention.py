@@ -98,15 +98,25 @@ def dot_product_implementation(path: Literal["xla", "cudnn"], head_dim: int, dty
 def dot_product_arguments(segments: jax.Array, window: int | None) -> dict:
     """The masking arguments of `jax.nn.dot_product_attention` (the same in JAX 0.10 and 0.11):
     same segment, causal, and on sliding layers the `window - 1` earlier keys plus the token itself."""
-    return {"mask": segment_mask(segments), "scale": 1.0, "is_causal": True,
-            "local_window_size": (window - 1, 0) if window is not None else None}
+    return {
+        "mask": segment_mask(segments),
+        "scale": 1.0,
+        "is_causal": True,
+        "local_window_size": (window - 1, 0) if window is not None else None,
+    }
 
 
-def dot_product(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, window: int | None,
-                path: Literal["xla", "cudnn"]) -> jax.Array:
+def dot_product(
+    q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, window: int | None, path: Literal["xla", "cudnn"]
+) -> jax.Array:
     """`jax.nn.dot_product_attention` on `[B, T, N, H]` queries and `[B, S, K, H]` keys/values."""
-    return jax.nn.dot_product_attention(q, k, v, **dot_product_arguments(segments, window),
-                                        implementation=dot_product_implementation(path, q.shape[-1], q.dtype))
+    return jax.nn.dot_product_attention(
+        q,
+        k,
+        v,
+        **dot_product_arguments(segments, window),
+        implementation=dot_product_implementation(path, q.shape[-1], q.dtype),
+    )
 
 
 def _active_mesh() -> jax.sharding.Mesh | None:
@@ -117,8 +127,9 @@ def _active_mesh() -> jax.sharding.Mesh | None:
     return None if mesh is None or mesh.empty else mesh
 
 
-def splash(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, window: int | None,
-           softcap: float | None) -> jax.Array:
+def splash(
+    q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, window: int | None, softcap: float | None
+) -> jax.Array:
     """Pallas splash attention on `[B, T, N, H]` / `[B, S, K, H]`, each device running the kernel
     on its own rows and heads (a Pallas kernel is not partitioned by XLA): rows split over the
     mesh's `fsdp` axis and heads over `tp`, as Tunix lays out activations, where they divide."""
@@ -130,8 +141,9 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, window
     tp = mesh.shape.get("tp", 1)
     heads = "tp" if tp > 1 and q.shape[2] % tp == 0 and k.shape[2] % tp == 0 else None
     spec = P(rows, None, heads, None)
-    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, P(rows, None)), out_specs=spec,
-                         check_vma=False)(q, k, v, segments)
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, P(rows, None)), out_specs=spec, check_vma=False)(
+        q, k, v, segments
+    )
 
 
 def splash_block(length: int) -> int | None:
@@ -146,18 +158,30 @@ def _splash_local(q, k, v, segments, *, window: int | None, softcap: float | Non
         from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel
         from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
     except ImportError as e:
-        raise RuntimeError(f"attention path 'splash' needs Pallas splash attention, missing in JAX {jax.__version__}: "
-                           "use 'auto' or 'xla'") from e
+        raise RuntimeError(
+            f"attention path 'splash' needs Pallas splash attention, missing in JAX {jax.__version__}: "
+            "use 'auto' or 'xla'"
+        ) from e
     batch, length, heads, dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
     shape = (length, length)
     one = masks.LocalMask(shape, window_size=(window - 1, 0), offset=0) if window else masks.CausalMask(shape)
     block = splash_block(length)
-    sizes = kernel.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                              block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+    sizes = kernel.BlockSizes(
+        block_q=block,
+        block_kv=block,
+        block_kv_compute=block,
+        block_q_dkv=block,
+        block_kv_dkv=block,
+        block_kv_dkv_compute=block,
+        block_q_dq=block,
+        block_kv_dq=block,
+    )
     run = kernel.make_splash_mqa_single_device(
-        masks.MultiHeadMask([one] * group), block_sizes=sizes, attn_logits_soft_cap=softcap,
+        masks.MultiHeadMask([one] * group),
+        block_sizes=sizes,
+        attn_logits_soft_cap=softcap,
         interpret=jax.default_backend() != "tpu",
     )
     q = q.reshape(batch, length, kv_heads, group, dim).transpose(0, 2, 3, 1, 4)  # B K G T H
@@ -187,15 +211,22 @@ class FusedAttention(gemma4.Attention):
             encoded = splash(q, k, v, segments, window, softcap)
         else:
             # rows that splash's blocks cannot tile (not a multiple of 128 tokens) take XLA's kernel
-            encoded = dot_product(q, k, v, segments, window, "xla" if self.attention_path == "splash" else self.attention_path)
+            encoded = dot_product(
+                q, k, v, segments, window, "xla" if self.attention_path == "splash" else self.attention_path
+            )
         encoded = jax.ad_checkpoint.checkpoint_name(encoded, ATTENTION_OUTPUT)
         out = gemma4.shard(self.attn_vec_einsum(encoded), self.config.shd_config.act_btd)
         return {"v": v, "k": k}, out, (k, v)
 
     def _projections(self, x, positions, kv_shared_cache):
         """Queries, keys and values as Tunix's `block` makes them (tunix 0.1.7)."""
-        rope = functools.partial(gemma4.apply_rope, positions=positions, base_frequency=self.rope_base_frequency,
-                                 scale_factor=self.rope_scale_factor, rope_proportion=self.rope_proportion)
+        rope = functools.partial(
+            gemma4.apply_rope,
+            positions=positions,
+            base_frequency=self.rope_base_frequency,
+            scale_factor=self.rope_scale_factor,
+            rope_proportion=self.rope_proportion,
+        )
         act = self.config.shd_config.act_btnh
         q = rope(self._query_norm(gemma4.shard(self.q_einsum(x), act)))
         if kv_shared_cache is not None:

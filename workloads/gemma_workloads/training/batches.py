@@ -37,8 +37,12 @@ class Rows:
         return len(self.tokens)
 
     def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
-        return {"tokens": self.tokens[index], "loss_mask": self.loss_mask[index],
-                "segment_ids": self.segment_ids[index], "positions": self.positions[index]}
+        return {
+            "tokens": self.tokens[index],
+            "loss_mask": self.loss_mask[index],
+            "segment_ids": self.segment_ids[index],
+            "positions": self.positions[index],
+        }
 
     @cached_property
     def targets(self) -> np.ndarray:
@@ -88,7 +92,9 @@ def fitting(examples: list[Example], length: int) -> list[Example]:
         shortest = min(len(e) for e in examples)
         raise DataError(f"max_seq_len {length} is shorter than every example (the shortest has {shortest} tokens)")
     if len(kept) < len(examples):
-        log.warning("left out %d of %d examples longer than max_seq_len %d", len(examples) - len(kept), len(examples), length)
+        log.warning(
+            "left out %d of %d examples longer than max_seq_len %d", len(examples) - len(kept), len(examples), length
+        )
     return kept
 
 
@@ -143,8 +149,13 @@ class Batches:
     def state(self) -> dict[str, int | str]:
         """The data position as stored in a checkpoint."""
         epoch, row = divmod(self.position * self.micro, len(self.rows))
-        return {"micro_batches": self.position, "micro_batch_size": self.micro, "epoch": epoch,
-                "row_in_epoch": row, "fingerprint": self.rows.fingerprint}
+        return {
+            "micro_batches": self.position,
+            "micro_batch_size": self.micro,
+            "epoch": epoch,
+            "row_in_epoch": row,
+            "fingerprint": self.rows.fingerprint,
+        }
 
     def steps_for(self, epochs: int, batch_size: int) -> int:
         """Optimizer steps that cover `epochs` passes over the rows."""

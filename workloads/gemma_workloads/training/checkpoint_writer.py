@@ -48,8 +48,10 @@ def options(config: TrainConfig, total_steps: int, times: SaveTimes) -> ocp.Chec
     written in the background: a reclaim then loses at most `checkpoint_every` steps without each
     save stalling training (Orbax copies the arrays to host memory before `save` returns, so the
     donated buffers of the next step are free to be reused)."""
-    policies = [ocp.checkpoint_managers.FixedIntervalPolicy(config.checkpoint_every),
-                ocp.checkpoint_managers.SpecificStepsPolicy([total_steps])]
+    policies = [
+        ocp.checkpoint_managers.FixedIntervalPolicy(config.checkpoint_every),
+        ocp.checkpoint_managers.SpecificStepsPolicy([total_steps]),
+    ]
     return ocp.CheckpointManagerOptions(
         save_decision_policy=ocp.checkpoint_managers.AnySavePolicy(policies),
         max_to_keep=config.keep_checkpoints,
@@ -74,8 +76,13 @@ def time_saves(manager, times: SaveTimes) -> None:
 
 def lora_metadata(config: TrainConfig) -> LoraMetadata:
     lora = config.lora
-    return LoraMetadata(rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules,
-                        base_model_path=config.model_path, model_dtype=config.model_dtype)
+    return LoraMetadata(
+        rank=lora.rank,
+        alpha=lora.alpha,
+        target_modules=lora.target_modules,
+        base_model_path=config.model_path,
+        model_dtype=config.model_dtype,
+    )
 
 
 def write_lora_metadata(config: TrainConfig) -> None:

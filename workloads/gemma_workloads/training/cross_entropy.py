@@ -34,15 +34,18 @@ def _without_logits(model: gemma4.Gemma4) -> Iterator[None]:
         config.final_logit_softcap = softcap
 
 
-def hidden_states(model: gemma4.Gemma4, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
+def hidden_states(
+    model: gemma4.Gemma4, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array
+) -> jax.Array:
     """The final-normed hidden states `[B, T, D]` in the model's dtype."""
     with _without_logits(model):
         hidden, _ = model(tokens, positions, None, attention_mask)
     return hidden.astype(model.config.dtype)  # Tunix casts to float32 on the way out: exact back
 
 
-def token_nll(hidden: jax.Array, embedding: jax.Array, targets: jax.Array, *, softcap: float | None,
-              chunk_tokens: int) -> jax.Array:
+def token_nll(
+    hidden: jax.Array, embedding: jax.Array, targets: jax.Array, *, softcap: float | None, chunk_tokens: int
+) -> jax.Array:
     """-log p(target) for each position, `[B, T]` float32, `chunk_tokens` positions at a time."""
     batch, length, dim = hidden.shape
     count = batch * length
@@ -67,9 +70,15 @@ def token_nll(hidden: jax.Array, embedding: jax.Array, targets: jax.Array, *, so
     return nll.reshape(-1)[:count].reshape(batch, length)
 
 
-def next_token_nll(model: gemma4.Gemma4, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, *,
-                   chunk_tokens: int) -> jax.Array:
+def next_token_nll(
+    model: gemma4.Gemma4, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, *, chunk_tokens: int
+) -> jax.Array:
     """-log p(token t+1 | tokens <= t), `[B, T - 1]` float32, never holding more than one chunk's logits."""
     hidden = hidden_states(model, tokens, positions, attention_mask)[:, :-1]
-    return token_nll(hidden, model.embedder.input_embedding[...], tokens[:, 1:],
-                     softcap=model.config.final_logit_softcap, chunk_tokens=chunk_tokens)
+    return token_nll(
+        hidden,
+        model.embedder.input_embedding[...],
+        tokens[:, 1:],
+        softcap=model.config.final_logit_softcap,
+        chunk_tokens=chunk_tokens,
+    )

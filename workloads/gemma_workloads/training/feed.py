@@ -27,8 +27,18 @@ class DataFeed(hooks.DataHooks):
     draws the same dropout masks as an uninterrupted one (the RNG state is not checkpointed).
     """
 
-    def __init__(self, batches: Batches, evals: list[dict], *, total_steps: int, accumulation: int, seed: int,
-                 preemption: Preemption, dropout: nnx.Rngs | None, device_mesh: jax.sharding.Mesh):
+    def __init__(
+        self,
+        batches: Batches,
+        evals: list[dict],
+        *,
+        total_steps: int,
+        accumulation: int,
+        seed: int,
+        preemption: Preemption,
+        dropout: nnx.Rngs | None,
+        device_mesh: jax.sharding.Mesh,
+    ):
         self.batches, self.evals, self.total_steps, self.accumulation = batches, evals, total_steps, accumulation
         self.seed, self.preemption, self.dropout, self.mesh = seed, preemption, dropout, device_mesh
         self._replicated = NamedSharding(device_mesh, PartitionSpec())  # as the jitted step returns them
@@ -72,8 +82,14 @@ class DataFeed(hooks.DataHooks):
         if trainer.train_steps == 0:
             raise Preempted("stopped before the first step")
         if trainer.train_steps > (trainer.checkpoint_manager.latest_step() or 0):
-            trainer.checkpoint_manager.save(trainer.train_steps, trainer.model, trainer.optimizer, save_only_lora_params=True,
-                                            force=True, custom_metadata=trainer.custom_checkpoint_metadata())
+            trainer.checkpoint_manager.save(
+                trainer.train_steps,
+                trainer.model,
+                trainer.optimizer,
+                save_only_lora_params=True,
+                force=True,
+                custom_metadata=trainer.custom_checkpoint_metadata(),
+            )
         return True
 
     def _seed_dropout(self) -> None:

@@ -58,11 +58,21 @@ class _Float32LoraProvider(qwix.LoraProvider):
         dtype = kwargs.get("preferred_element_type") or jnp.result_type(*operands)
         return super().einsum(einsum_str, *operands, **kwargs).astype(dtype)
 
-    def dot_general(self, lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None,
-                    preferred_element_type=None, out_sharding=None) -> jax.Array:
+    def dot_general(
+        self,
+        lhs: jax.Array,
+        rhs: jax.Array,
+        dimension_numbers,
+        precision=None,
+        preferred_element_type=None,
+        out_sharding=None,
+    ) -> jax.Array:
         dtype = preferred_element_type or jnp.result_type(lhs, rhs)
-        return super().dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
-                                   out_sharding=out_sharding).astype(dtype)
+        return (
+            super()
+            .dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type, out_sharding=out_sharding)
+            .astype(dtype)
+        )
 
 
 def apply_lora(model: nnx.Module, lora: LoraConfig, *, seed: int = 0) -> nnx.Module:
@@ -131,7 +141,8 @@ def adapter_off(model: nnx.Module) -> Iterator[None]:
     state = lora_state(model)
     saved = jax.tree.map(lambda x: x, state)
     zeroed = jax.tree_util.tree_map_with_path(
-        lambda path, x: jnp.zeros_like(x) if "lora_b" in jax.tree_util.keystr(path) else x, state)
+        lambda path, x: jnp.zeros_like(x) if "lora_b" in jax.tree_util.keystr(path) else x, state
+    )
     nnx.update(model, zeroed)
     try:
         yield

@@ -20,9 +20,15 @@ from flax import nnx
 from gemma_workloads.training import cross_entropy
 
 
-def token_weighted_nll(model: nnx.Module, input_tokens: jax.Array, input_mask: jax.Array, positions: jax.Array,
-                       attention_mask: jax.Array, loss_scale: jax.Array | None = None,
-                       chunk_tokens: int | None = None) -> jax.Array:
+def token_weighted_nll(
+    model: nnx.Module,
+    input_tokens: jax.Array,
+    input_mask: jax.Array,
+    positions: jax.Array,
+    attention_mask: jax.Array,
+    loss_scale: jax.Array | None = None,
+    chunk_tokens: int | None = None,
+) -> jax.Array:
     """Next-token negative log-likelihood on the trained tokens, summed and scaled by `loss_scale`
     (one value per row, all equal); without it, the micro-batch's own mean."""
     mask = input_mask[:, 1:]
@@ -45,10 +51,14 @@ def trainer_loss(chunk_tokens: int | None):
     if not chunk_tokens:
         return token_weighted_nll
 
-    def chunked_token_weighted_nll(model: nnx.Module, input_tokens: jax.Array, input_mask: jax.Array,
-                                   positions: jax.Array, attention_mask: jax.Array,
-                                   loss_scale: jax.Array | None = None) -> jax.Array:
-        return token_weighted_nll(model, input_tokens, input_mask, positions, attention_mask, loss_scale,
-                                  chunk_tokens)
+    def chunked_token_weighted_nll(
+        model: nnx.Module,
+        input_tokens: jax.Array,
+        input_mask: jax.Array,
+        positions: jax.Array,
+        attention_mask: jax.Array,
+        loss_scale: jax.Array | None = None,
+    ) -> jax.Array:
+        return token_weighted_nll(model, input_tokens, input_mask, positions, attention_mask, loss_scale, chunk_tokens)
 
     return chunked_token_weighted_nll

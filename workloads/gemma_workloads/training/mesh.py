@@ -36,8 +36,9 @@ def default_shape(devices: int) -> tuple[int, int]:
 def make_mesh(config: MeshConfig | None) -> jax.sharding.Mesh:
     shape = (config.fsdp, config.tp) if config else default_shape(jax.device_count())
     if math.prod(shape) != jax.device_count():
-        raise ValueError(f"mesh fsdp={shape[0]} x tp={shape[1]} needs {math.prod(shape)} devices; "
-                         f"there are {jax.device_count()}")
+        raise ValueError(
+            f"mesh fsdp={shape[0]} x tp={shape[1]} needs {math.prod(shape)} devices; there are {jax.device_count()}"
+        )
     return tunix_mesh.create_mesh(shape, AXES)
 
 
@@ -48,7 +49,9 @@ def active(device_mesh: jax.sharding.Mesh) -> Iterator[jax.sharding.Mesh]:
     `jax.set_mesh` does not set. JAX's notice that this context is deprecated is therefore for
     Tunix to act on; it is silenced here, and only here, so that any other one still shows."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="`with mesh:` context manager has been deprecated", category=DeprecationWarning)
+        warnings.filterwarnings(
+            "ignore", message="`with mesh:` context manager has been deprecated", category=DeprecationWarning
+        )
         device_mesh.__enter__()
     try:
         yield device_mesh
@@ -71,7 +74,9 @@ def fitted_spec(shape: tuple[int, ...], spec: tuple, mesh_shape: dict[str, int])
         names = axis if isinstance(axis, tuple) else (axis,)
         return math.prod(mesh_shape.get(n, 1) for n in names)
 
-    return tuple(a if a is None or dim % size(a) == 0 else None for a, dim in zip(spec, shape, strict=False))  # a spec may be shorter than the rank
+    return tuple(
+        a if a is None or dim % size(a) == 0 else None for a, dim in zip(spec, shape, strict=False)
+    )  # a spec may be shorter than the rank
 
 
 def fit_to_mesh(module: nnx.Module, mesh: jax.sharding.Mesh, *, place: bool) -> list[str]:
@@ -93,7 +98,11 @@ def fit_to_mesh(module: nnx.Module, mesh: jax.sharding.Mesh, *, place: bool) -> 
         fitted = fitted_spec(var.shape, spec, dict(mesh.shape))
         if fitted != spec:
             name = "/".join(map(str, path))
-            axes = [f"{name} axis {i} ({var.shape[i]} over {a})" for i, (a, f) in enumerate(zip(spec, fitted, strict=True)) if a != f]
+            axes = [
+                f"{name} axis {i} ({var.shape[i]} over {a})"
+                for i, (a, f) in enumerate(zip(spec, fitted, strict=True))
+                if a != f
+            ]
             for axis in axes:
                 log.info("replicated (does not divide the mesh): %s", axis)
             replicated += axes

@@ -93,7 +93,9 @@ def tunix_config(hf: dict[str, Any], *, dtype: str = "float32") -> gemma4.ModelC
 def _key_mapping(cfg: gemma4.ModelConfig) -> dict:
     """Tunix's HF-name -> nnx-path mapping, widened to the text-only `model.` prefix."""
     mapping = params_safetensors._get_key_and_transform_mapping(cfg)  # noqa: SLF001 (pinned tunix)
-    return {re.sub(re.escape(_TUNIX_PREFIX), lambda _: _ANY_PREFIX, pattern): target for pattern, target in mapping.items()}
+    return {
+        re.sub(re.escape(_TUNIX_PREFIX), lambda _: _ANY_PREFIX, pattern): target for pattern, target in mapping.items()
+    }
 
 
 def load_model(
@@ -161,8 +163,11 @@ def _towers_skipped_quietly(path: str) -> Iterator[None]:
     finally:
         absl.removeFilter(skips)
     if skips.towers:
-        log.info("%s: left %d vision/audio tower tensors unloaded (training adapts the text decoder)",
-                 path, len(skips.towers))
+        log.info(
+            "%s: left %d vision/audio tower tensors unloaded (training adapts the text decoder)",
+            path,
+            len(skips.towers),
+        )
 
 
 def set_remat(model: gemma4.Gemma4, on: bool) -> None:

@@ -30,8 +30,18 @@ class NonFiniteStep(RuntimeError):
 
 
 class ProgressReporter(hooks.TrainingHooks):
-    def __init__(self, *, total_steps: int, log_every: int, output_dir: str, tokens_in_step: dict[int, int],
-                 flops_per_token: float, devices: int, peak_tflops: float | None, primary: bool):
+    def __init__(
+        self,
+        *,
+        total_steps: int,
+        log_every: int,
+        output_dir: str,
+        tokens_in_step: dict[int, int],
+        flops_per_token: float,
+        devices: int,
+        peak_tflops: float | None,
+        primary: bool,
+    ):
         self.total_steps, self.log_every, self.primary = total_steps, log_every, primary
         self.path = epath.Path(join(output_dir, PROGRESS_FILE))
         self.tokens_in_step = tokens_in_step  # filled by the data feed as it hands out micro-batches
@@ -52,12 +62,15 @@ class ProgressReporter(hooks.TrainingHooks):
 
     def on_train_step_end(self, train_ctx, train_step: int, train_loss: float) -> None:
         self.loss = float(train_loss)
-        grad_norm = float(train_ctx.metrics_logger.get_metric_history(train_ctx.metrics_prefix, "grad_norm", "train")[-1])
+        grad_norm = float(
+            train_ctx.metrics_logger.get_metric_history(train_ctx.metrics_prefix, "grad_norm", "train")[-1]
+        )
         if not (math.isfinite(self.loss) and math.isfinite(grad_norm)):
             raise NonFiniteStep(
                 f"step {train_step}: the loss is {self.loss} and the gradient norm {grad_norm}; training stopped. "
                 "Micro-batches that were not finite were not applied, so the checkpoints hold finite weights. "
-                "Try a lower learning_rate, or model_dtype float32 to compare")
+                "Try a lower learning_rate, or model_dtype float32 to compare"
+            )
         last = train_step >= self.total_steps
         if self._start is not None and train_step % self.log_every and not last:
             return
@@ -72,16 +85,23 @@ class ProgressReporter(hooks.TrainingHooks):
         self.report(train_step, rate)
 
     def report(self, step: int, rate: float | None) -> None:
-        progress = Progress(step=step, total_steps=self.total_steps, loss=self.loss, tokens_per_second=rate,
-                            mfu=mfu(rate, self.flops_per_token, self.devices, self.peak) if rate else None,
-                            eval_loss=self.eval_loss)
+        progress = Progress(
+            step=step,
+            total_steps=self.total_steps,
+            loss=self.loss,
+            tokens_per_second=rate,
+            mfu=mfu(rate, self.flops_per_token, self.devices, self.peak) if rate else None,
+            eval_loss=self.eval_loss,
+        )
         self.history.append(progress)
         if self.primary:
             print(progress.line(), file=sys.stdout, flush=True)
             self.path.write_text(progress.model_dump_json(exclude_none=True))
 
     def on_eval_step_end(self, train_ctx, eval_loss: float) -> None:
-        self.eval_loss = float(train_ctx.metrics_logger.get_metric_history(train_ctx.metrics_prefix, "loss", "eval")[-1])
+        self.eval_loss = float(
+            train_ctx.metrics_logger.get_metric_history(train_ctx.metrics_prefix, "loss", "eval")[-1]
+        )
 
     def on_train_start(self, train_ctx) -> None:
         pass

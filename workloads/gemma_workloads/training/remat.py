@@ -22,8 +22,8 @@ import jax
 from flax import nnx
 from tunix.models.gemma4 import model as gemma4
 
-from gemma_workloads.training.attention import ATTENTION_OUTPUT
 from gemma_workloads.config import REMAT_POLICIES
+from gemma_workloads.training.attention import ATTENTION_OUTPUT
 
 
 def policy(name: str):
@@ -32,11 +32,14 @@ def policy(name: str):
     if name == "full":
         return policies.nothing_saveable
     if name == "dots":
-        return policies.save_from_both_policies(policies.dots_with_no_batch_dims_saveable,
-                                                policies.save_only_these_names(ATTENTION_OUTPUT))
+        return policies.save_from_both_policies(
+            policies.dots_with_no_batch_dims_saveable, policies.save_only_these_names(ATTENTION_OUTPUT)
+        )
     if name == "offload":
-        return policies.save_from_both_policies(policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
-                                                policies.save_only_these_names(ATTENTION_OUTPUT))
+        return policies.save_from_both_policies(
+            policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+            policies.save_only_these_names(ATTENTION_OUTPUT),
+        )
     if name == "none":
         return None
     raise ValueError(f"remat policy {name!r}: expected one of {REMAT_POLICIES}")
@@ -71,4 +74,5 @@ class RematLayer(gemma4.DecoderLayer):
         if self.remat_policy == "none":
             return self.block(x, segment_pos, cache, attn_mask, per_layer_input, kv_shared_cache)
         return nnx.remat(self.block.__func__, policy=chosen, graph_updates=False)(
-            self, x, segment_pos, cache, attn_mask, per_layer_input, kv_shared_cache)
+            self, x, segment_pos, cache, attn_mask, per_layer_input, kv_shared_cache
+        )

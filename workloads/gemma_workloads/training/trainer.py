@@ -27,10 +27,10 @@ from gemma_workloads.data import TextCodec, read_examples
 from gemma_workloads.input_files import InputError
 from gemma_workloads.model_folder import check_model_folder
 from gemma_workloads.sources import resolve_model
+from gemma_workloads.training import attention, lora, loss, mesh, remat
 from gemma_workloads.training import batches as batching
 from gemma_workloads.training import checkpoint_writer as checkpoints
 from gemma_workloads.training import flops as metrics
-from gemma_workloads.training import attention, lora, loss, mesh, remat
 from gemma_workloads.training.evaluation import evaluate as evaluation
 from gemma_workloads.training.feed import DataFeed
 from gemma_workloads.training.model_loader import load_model, read_hf_config
@@ -77,9 +77,18 @@ def prepare_data(config: TrainConfig) -> Data:
         raise ConfigError(f"warmup_steps {config.warmup_steps} must be smaller than the {total} training steps")
     evals = []
     if held_out:
-        evals = batching.eval_batches(batching.layout(held_out, ds.max_seq_len, packing=ds.packing), config.micro_batch_size)
-    log.info("data: %d examples -> %d rows of %d tokens (%d held out for eval); %d steps of %d rows",
-             len(kept), len(rows), ds.max_seq_len, len(held_out), total, config.batch_size)
+        evals = batching.eval_batches(
+            batching.layout(held_out, ds.max_seq_len, packing=ds.packing), config.micro_batch_size
+        )
+    log.info(
+        "data: %d examples -> %d rows of %d tokens (%d held out for eval); %d steps of %d rows",
+        len(kept),
+        len(rows),
+        ds.max_seq_len,
+        len(held_out),
+        total,
+        config.batch_size,
+    )
     return Data(data, evals, total, codec, evaluation.prepare(config, codec, held_out))
 
 
@@ -102,7 +111,8 @@ def optimizer(config: TrainConfig, total_steps: int) -> optax.GradientTransforma
     parameters' dtype, and in bf16 Adam's b2 = 0.999 becomes 1.0, so the bias correction
     1 - b2**t is 0 and the first update is NaN."""
     return optax.inject_hyperparams(optax.adamw, hyperparam_dtype=jnp.float32)(
-        learning_rate=schedule(config, total_steps), weight_decay=config.weight_decay)
+        learning_rate=schedule(config, total_steps), weight_decay=config.weight_decay
+    )
 
 
 class Trainer(peft_trainer.PeftTrainer):
@@ -144,7 +154,9 @@ class Trainer(peft_trainer.PeftTrainer):
             finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
             for (node, kind), old in zip(trained, before, strict=True):
                 leaves, tree = jax.tree.flatten(nnx.state(node, kind))
-                state = jax.tree.unflatten(tree, [jnp.where(finite, new, prev) for new, prev in zip(leaves, old, strict=True)])
+                state = jax.tree.unflatten(
+                    tree, [jnp.where(finite, new, prev) for new, prev in zip(leaves, old, strict=True)]
+                )
                 nnx.update(node, jax.lax.with_sharding_constraint(state, nnx.get_named_sharding(state, device_mesh)))
             return loss, aux, grad_norm
 
@@ -158,7 +170,9 @@ class Trainer(peft_trainer.PeftTrainer):
         return self._restored_custom_metadata or {}
 
 
-def adapt(model: gemma4.Gemma4, config: TrainConfig, device_mesh: jax.sharding.Mesh) -> tuple[gemma4.Gemma4, nnx.Rngs | None]:
+def adapt(
+    model: gemma4.Gemma4, config: TrainConfig, device_mesh: jax.sharding.Mesh
+) -> tuple[gemma4.Gemma4, nnx.Rngs | None]:
     """LoRA on the base model, placed on the mesh, with attention, remat and dropout as configured."""
     model = lora.apply_lora(model, config.lora, seed=config.seed)
     mesh.fit_to_mesh(model, device_mesh, place=True)
@@ -170,17 +184,27 @@ def adapt(model: gemma4.Gemma4, config: TrainConfig, device_mesh: jax.sharding.M
     return model, dropout
 
 
-def make_trainer(model: gemma4.Gemma4, config: TrainConfig, total_steps: int, device_mesh: jax.sharding.Mesh) -> Trainer:
+def make_trainer(
+    model: gemma4.Gemma4, config: TrainConfig, total_steps: int, device_mesh: jax.sharding.Mesh
+) -> Trainer:
     """Tunix's PeftTrainer for the config; it restores the latest complete checkpoint, if any."""
     times = checkpoints.SaveTimes()
-    trainer = Trainer(model, optimizer(config, total_steps), peft_trainer.TrainingConfig(
-        eval_every_n_steps=config.checkpoint_every,
-        max_steps=total_steps,
-        gradient_accumulation_steps=config.grad_accumulation if config.grad_accumulation > 1 else None,
-        checkpoint_root_directory=config.checkpoint_dir,
-        checkpointing_options=checkpoints.options(config, total_steps, times),
-        pbar_description=None,
-    )).with_loss_fn(loss.trainer_loss(config.loss_chunk_tokens)).with_gen_model_input_fn(batching.model_inputs)
+    trainer = (
+        Trainer(
+            model,
+            optimizer(config, total_steps),
+            peft_trainer.TrainingConfig(
+                eval_every_n_steps=config.checkpoint_every,
+                max_steps=total_steps,
+                gradient_accumulation_steps=config.grad_accumulation if config.grad_accumulation > 1 else None,
+                checkpoint_root_directory=config.checkpoint_dir,
+                checkpointing_options=checkpoints.options(config, total_steps, times),
+                pbar_description=None,
+            ),
+        )
+        .with_loss_fn(loss.trainer_loss(config.loss_chunk_tokens))
+        .with_gen_model_input_fn(batching.model_inputs)
+    )
     trainer.mesh = device_mesh
     trainer.save_times = times
     checkpoints.time_saves(trainer.checkpoint_manager, times)
@@ -193,7 +217,9 @@ def resume_position(trainer: Trainer, config: TrainConfig, data: Data) -> int:
     saved = trainer.restored_metadata.get(checkpoints.DATA_POSITION)
     if saved is None:
         if trainer.train_steps:
-            log.warning("checkpoint at step %d has no data position; assuming %d micro-batches", trainer.train_steps, expected)
+            log.warning(
+                "checkpoint at step %d has no data position; assuming %d micro-batches", trainer.train_steps, expected
+            )
         return expected
     if (saved["micro_batches"], saved["micro_batch_size"]) != (expected, config.micro_batch_size):
         raise ConfigError(
@@ -206,22 +232,40 @@ def resume_position(trainer: Trainer, config: TrainConfig, data: Data) -> int:
     return expected
 
 
-def fit(trainer: Trainer, data: Data, config: TrainConfig, model_config: gemma4.ModelConfig, *,
-        preemption: Preemption, dropout: nnx.Rngs | None, device_mesh: jax.sharding.Mesh) -> ProgressReporter:
+def fit(
+    trainer: Trainer,
+    data: Data,
+    config: TrainConfig,
+    model_config: gemma4.ModelConfig,
+    *,
+    preemption: Preemption,
+    dropout: nnx.Rngs | None,
+    device_mesh: jax.sharding.Mesh,
+) -> ProgressReporter:
     """Run the training loop from the data position to the last step or a stop request."""
     data.train.position = resume_position(trainer, config, data)
     if trainer.train_steps:
         log.info("resumed from step %d (%s)", trainer.train_steps, data.train.state())
     feed = trainer.feed = DataFeed(
-        data.train, data.eval, total_steps=data.total_steps, accumulation=config.grad_accumulation, seed=config.seed,
-        preemption=preemption, dropout=dropout, device_mesh=device_mesh,
+        data.train,
+        data.eval,
+        total_steps=data.total_steps,
+        accumulation=config.grad_accumulation,
+        seed=config.seed,
+        preemption=preemption,
+        dropout=dropout,
+        device_mesh=device_mesh,
     )
     reporter = ProgressReporter(
-        total_steps=data.total_steps, log_every=config.log_every, output_dir=config.output_dir,
-        tokens_in_step=feed.tokens_in_step, devices=jax.device_count(),
+        total_steps=data.total_steps,
+        log_every=config.log_every,
+        output_dir=config.output_dir,
+        tokens_in_step=feed.tokens_in_step,
+        devices=jax.device_count(),
         peak_tflops=config.peak_tflops_per_device or metrics.peak_tflops(jax.devices()[0].device_kind),
-        flops_per_token=metrics.flops_per_token(model_config, config.dataset.max_seq_len,
-                                                lora.lora_parameter_count(trainer.model)),
+        flops_per_token=metrics.flops_per_token(
+            model_config, config.dataset.max_seq_len, lora.lora_parameter_count(trainer.model)
+        ),
         primary=jax.process_index() == 0,
     )
     trainer.with_data_hooks(feed)
@@ -250,21 +294,32 @@ def run(config: TrainConfig) -> Outcome:
         if jax.process_index() == 0:
             checkpoints.write_lora_metadata(config)
         device_mesh = mesh.make_mesh(config.mesh)
-        log.info("mesh fsdp=%d x tp=%d over %d %s device(s)", *device_mesh.devices.shape, jax.device_count(),
-                 jax.devices()[0].device_kind)
+        log.info(
+            "mesh fsdp=%d x tp=%d over %d %s device(s)",
+            *device_mesh.devices.shape,
+            jax.device_count(),
+            jax.devices()[0].device_kind,
+        )
         with mesh.active(device_mesh):
-            model, model_config = load_model(config.model_path, dtype=config.model_dtype, mesh=device_mesh, hf_config=hf_config)
+            model, model_config = load_model(
+                config.model_path, dtype=config.model_dtype, mesh=device_mesh, hf_config=hf_config
+            )
             model, dropout = adapt(model, config, device_mesh)
             trainer = make_trainer(model, config, data.total_steps, device_mesh)
-            reporter = fit(trainer, data, config, model_config, preemption=preemption, dropout=dropout,
-                           device_mesh=device_mesh)
+            reporter = fit(
+                trainer, data, config, model_config, preemption=preemption, dropout=dropout, device_mesh=device_mesh
+            )
             scored = None
             if data.evaluation and trainer.train_steps >= data.total_steps:  # a restarted finished run does only this
                 scored = evaluation.run(trainer.model, config, data.evaluation, data.codec)
     step, latest = trainer.train_steps, trainer.checkpoint_manager.latest_step()
     status, code = ("succeeded", EXIT_OK) if step >= data.total_steps else ("preempted", EXIT_PREEMPTED)
     result = TrainResult(
-        status=status, step=step, total_steps=data.total_steps, loss=reporter.loss, eval_loss=reporter.eval_loss,
+        status=status,
+        step=step,
+        total_steps=data.total_steps,
+        loss=reporter.loss,
+        eval_loss=reporter.eval_loss,
         tokens_per_second=reporter.tokens_per_second(),
         checkpoint=checkpoints.step_dir(config, latest) if latest is not None else None,
         evaluation=scored and scored.results,

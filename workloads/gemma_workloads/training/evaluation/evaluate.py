@@ -37,8 +37,9 @@ def prepare(config: TrainConfig, codec: TextCodec, held_out: list[Example]) -> l
         return read_rows(eval_dataset(config.dataset, ev), codec, ev)
     lines = {e.line for e in held_out}
     if not lines:
-        raise DataError("evaluation.path is not set and the held-out split is empty: set dataset.eval_fraction "
-                        "or evaluation.path")  # fmt: skip
+        raise DataError(
+            "evaluation.path is not set and the held-out split is empty: set dataset.eval_fraction or evaluation.path"
+        )
     return read_rows(config.dataset, codec, ev, lines)
 
 
@@ -78,22 +79,35 @@ def score(model: nnx.Module, rows: list[EvalRow], config: TrainConfig, codec: Te
         value = mean_loss(model, rows, config.dataset.max_seq_len, config.micro_batch_size)
         prompts = [r.prompt for r in rows if r.prompt is not None]
         stops = codec.stop_ids | ({codec.end_of_turn_id} if config.dataset.format == "chat" else set())
-        generated = iter(generate(model, prompts, max_new_tokens=ev.max_new_tokens, stop_ids=stops,
-                                  batch_size=config.micro_batch_size) if prompts else [])  # fmt: skip
-    answers = [codec.tokenizer.decode(next(generated), skip_special_tokens=True) if r.prompt is not None else None
-               for r in rows]  # fmt: skip
-    hits = [scores.hits(a, r.expected, r.expected_regex) if a is not None else {} for r, a in zip(rows, answers, strict=True)]
+        generated = iter(
+            generate(
+                model, prompts, max_new_tokens=ev.max_new_tokens, stop_ids=stops, batch_size=config.micro_batch_size
+            )
+            if prompts
+            else []
+        )
+    answers = [
+        codec.tokenizer.decode(next(generated), skip_special_tokens=True) if r.prompt is not None else None
+        for r in rows
+    ]
+    hits = [
+        scores.hits(a, r.expected, r.expected_regex) if a is not None else {}
+        for r, a in zip(rows, answers, strict=True)
+    ]
     return Scores(value, answers, hits)
 
 
 def figures(rows: list[EvalRow], tuned: Scores, base: Scores | None) -> list[MetricResult]:
     """The contract's figures, each with the base model's on the same rows."""
+
     def both(name: str, of) -> MetricResult:
         value, count = of(tuned)
         return MetricResult(name=name, value=value, baseline=of(base)[0] if base else None, rows=count)
 
-    out = [both("evalLoss", lambda s: (s.loss, len(rows))),
-           both("perplexity", lambda s: (perplexity(s.loss), len(rows)))]  # fmt: skip
+    out = [
+        both("evalLoss", lambda s: (s.loss, len(rows))),
+        both("perplexity", lambda s: (perplexity(s.loss), len(rows))),
+    ]
     for name in scores.rates(tuned.hits):
         out.append(both(name, lambda s, n=name: scores.rates(s.hits)[n]))
     return out
@@ -109,12 +123,17 @@ def perplexity(loss_value: float) -> float:
 
 def not_finite(results: list[MetricResult]) -> str | None:
     """What is wrong, naming each figure that is not finite; None when all are."""
-    bad = [f"{r.name} {r.value}" + (f" (base {r.baseline})" if r.baseline is not None else "")
-           for r in results if not math.isfinite(r.value) or (r.baseline is not None and not math.isfinite(r.baseline))]
+    bad = [
+        f"{r.name} {r.value}" + (f" (base {r.baseline})" if r.baseline is not None else "")
+        for r in results
+        if not math.isfinite(r.value) or (r.baseline is not None and not math.isfinite(r.baseline))
+    ]
     if not bad:
         return None
-    return (f"evaluation: figures that are not finite: {', '.join(bad)}; the model diverged or an input is "
-            "broken (the trained checkpoint is kept)")
+    return (
+        f"evaluation: figures that are not finite: {', '.join(bad)}; the model diverged or an input is "
+        "broken (the trained checkpoint is kept)"
+    )
 
 
 def predictions(rows: list[EvalRow], tuned: Scores, base: Scores | None) -> list[dict]:
@@ -151,7 +170,9 @@ def write(evaluation: Evaluation, output_dir: str) -> str:
     folder = epath.Path(join(output_dir, FOLDER))
     if jax.process_index() == 0:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / PREDICTIONS).write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in evaluation.predictions))
+        (folder / PREDICTIONS).write_text(
+            "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in evaluation.predictions)
+        )
         (folder / METRICS).write_text("[" + ", ".join(r.model_dump_json() for r in evaluation.results) + "]\n")
     return str(folder)
 
@@ -163,9 +184,13 @@ def run(model: nnx.Module, config: TrainConfig, rows: list[EvalRow], codec: Text
     models = "fine-tuned and base" if config.evaluation.baseline else "fine-tuned"
     log.info("evaluation of %d rows (%s) in %.1f s, predictions in %s", len(rows), models, result.seconds, folder)
     for r in result.results:
-        log.info("evaluation: %s %.4g%s on %d rows", r.name, r.value,
-                 f" (base {r.baseline:.4g})" if r.baseline is not None else "", r.rows)
+        log.info(
+            "evaluation: %s %.4g%s on %d rows",
+            r.name,
+            r.value,
+            f" (base {r.baseline:.4g})" if r.baseline is not None else "",
+            r.rows,
+        )
     if result.problem:
         log.error("%s", result.problem)
     return result
-

@@ -23,20 +23,21 @@ import numpy as np
 from flax import nnx
 
 
-def generate(model: nnx.Module, prompts: list[np.ndarray], *, max_new_tokens: int, stop_ids: set[int],
-             batch_size: int) -> list[list[int]]:  # fmt: skip
+def generate(
+    model: nnx.Module, prompts: list[np.ndarray], *, max_new_tokens: int, stop_ids: set[int], batch_size: int
+) -> list[list[int]]:
     """The greedy continuation of each prompt: up to `max_new_tokens` ids, ending at the first stop
     id (included)."""
     width = max(len(p) for p in prompts)
     stops = jnp.asarray(sorted(stop_ids), jnp.int32)
     out: list[list[int]] = []
     for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start:start + batch_size]
+        chunk = prompts[start : start + batch_size]
         tokens = np.zeros((batch_size, width), np.int32)
         real = np.zeros((batch_size, width), bool)
         for i, prompt in enumerate(chunk + [chunk[0]] * (batch_size - len(chunk))):  # filler rows are dropped
-            tokens[i, width - len(prompt):] = prompt
-            real[i, width - len(prompt):] = True
+            tokens[i, width - len(prompt) :] = prompt
+            real[i, width - len(prompt) :] = True
         cache = model.init_cache(batch_size, width + max_new_tokens, model.config.dtype)
         ids = np.asarray(_decode(model, jnp.asarray(tokens), jnp.asarray(real), cache, stops, max_new_tokens))
         for row in ids[: len(chunk)]:
@@ -73,4 +74,3 @@ def _decode(model, tokens, real, cache, stops, max_new_tokens):
 
     *_, out, _ = jax.lax.while_loop(more, step_fn, (jnp.int32(1), first, cache, slots, out, done))
     return out
-

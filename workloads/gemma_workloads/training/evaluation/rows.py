@@ -45,8 +45,10 @@ def check_regex(row: dict, fmt: str) -> str | None:
         return None
     pattern = row[REGEX_FIELD]
     if fmt == "text":
-        raise ValueError(f"field {REGEX_FIELD!r}: text rows have no prompt to answer; use the chat or "
-                         "prompt-completion format for generated answers")
+        raise ValueError(
+            f"field {REGEX_FIELD!r}: text rows have no prompt to answer; use the chat or "
+            "prompt-completion format for generated answers"
+        )
     if not isinstance(pattern, str) or not pattern:
         raise ValueError(f"field {REGEX_FIELD!r} must be a non-empty string, got {pattern!r}")
     try:
@@ -78,14 +80,17 @@ def _row(number: int, row: dict, fmt: str, codec: TextCodec, examples: list[Exam
     if not len(prompt):  # an empty prompt, with no BOS: nothing to answer
         return EvalRow(number, examples, None, "", None, None)
     if fmt == "chat":
-        expected = next(m["content"] for m in reversed(row["messages"]) if m["role"] == "assistant" and m["content"].strip())
+        expected = next(
+            m["content"] for m in reversed(row["messages"]) if m["role"] == "assistant" and m["content"].strip()
+        )
         text = codec.tokenizer.decode(prompt.tolist(), skip_special_tokens=False)
         return EvalRow(number, examples, prompt, text, expected.strip(), regex)
     return EvalRow(number, examples, prompt, row["prompt"], row["completion"], regex)
 
 
-def read_rows(dataset: DatasetConfig, codec: TextCodec, evaluation: EvaluationConfig,
-              lines: set[int] | None = None) -> list[EvalRow]:  # fmt: skip
+def read_rows(
+    dataset: DatasetConfig, codec: TextCodec, evaluation: EvaluationConfig, lines: set[int] | None = None
+) -> list[EvalRow]:
     """The first `max_rows` usable rows of `dataset` (of `lines` only, when given), each checked to
     leave room for `max_new_tokens` within `max_seq_len`. Examples longer than `max_seq_len` are
     left out, as training leaves them out."""
@@ -109,15 +114,21 @@ def read_rows(dataset: DatasetConfig, codec: TextCodec, evaluation: EvaluationCo
             invalid(dataset, skipped, number, str(e))
             continue
         if item.prompt is not None and len(item.prompt) + evaluation.max_new_tokens > dataset.max_seq_len:
-            raise DataError(f"{dataset.path}:{number}: the prompt of {len(item.prompt)} tokens plus "
-                            f"evaluation.max_new_tokens {evaluation.max_new_tokens} exceeds dataset.max_seq_len "
-                            f"{dataset.max_seq_len}: lower max_new_tokens or raise max_seq_len")  # fmt: skip
+            raise DataError(
+                f"{dataset.path}:{number}: the prompt of {len(item.prompt)} tokens plus "
+                f"evaluation.max_new_tokens {evaluation.max_new_tokens} exceeds dataset.max_seq_len "
+                f"{dataset.max_seq_len}: lower max_new_tokens or raise max_seq_len"
+            )
         out.append(item)
         if len(out) == evaluation.max_rows:
             break
     if too_long:
-        log.warning("evaluation: left out %d example(s) of %s longer than max_seq_len %d", too_long, dataset.path,
-                    dataset.max_seq_len)
+        log.warning(
+            "evaluation: left out %d example(s) of %s longer than max_seq_len %d",
+            too_long,
+            dataset.path,
+            dataset.max_seq_len,
+        )
     if not out:
         raise no_usable_examples(dataset, skipped)
     return out
