@@ -48,9 +48,13 @@ class Controller:
         self.tracker = prometheus_metrics.PhaseTracker()
         self.retries = retries.Retries()
         self.addons = addons.Detector(kube, settings.progress_poll_seconds)
+        # The resourceVersion of each CR as read by its latest completed reconcile: whoever changed
+        # a CR can tell when the operator has acted on that change, and on nothing older.
+        self.reconciled: dict[tuple[str, str, str], str] = {}
 
     def forget(self, kind: str, namespace: str, name: str) -> None:
         self._locks.pop((kind, namespace, name), None)
+        self.reconciled.pop((kind, namespace, name), None)
         self.retries.forget((kind, namespace, name))
         self.tracker.forget(kind, namespace, name)
 
@@ -61,9 +65,9 @@ class Controller:
         try:
             async with self._locks[key]:
                 if kind == api.FINETUNE.kind:
-                    await self._reconcile_finetune(namespace, name)
+                    version = await self._reconcile_finetune(namespace, name)
                 else:
-                    await self._reconcile_serve(namespace, name)
+                    version = await self._reconcile_serve(namespace, name)
         except Exception as e:  # any failure: logged, counted and retried
             if isinstance(e, ApiError) and e.status == 404 and await self._gone(kind, namespace, name):
                 return  # the resource was deleted while being reconciled: nothing left to do
@@ -80,6 +84,8 @@ class Controller:
             )
         else:
             self.retries.succeeded(key)
+            if version:
+                self.reconciled[key] = version
             prometheus_metrics.RECONCILES.labels(kind, "ok").inc()
         finally:
             prometheus_metrics.RECONCILE_SECONDS.labels(kind).observe(time.perf_counter() - started)
@@ -92,10 +98,11 @@ class Controller:
 
     # ------------------------------------------------------------------ GemmaFineTune
 
-    async def _reconcile_finetune(self, namespace: str, name: str) -> None:
+    async def _reconcile_finetune(self, namespace: str, name: str) -> str | None:
+        """Reconcile one GemmaFineTune; the resourceVersion it was read at, when it exists."""
         body = await self.kube.get(api.FINETUNE.kind, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
-            return
+            return None
         seen: Seen = {}
         view = await self._observe_finetune(body, seen)
         decision = finetune_lifecycle.decide(view, self.settings)
@@ -108,6 +115,7 @@ class Controller:
             added = float(st.get("chipHours") or 0) - float((body.get("status") or {}).get("chipHours") or 0)
             if added > 0 and st.get("run") == (body.get("status") or {}).get("run"):
                 prometheus_metrics.CHIP_HOURS.labels(view.plan.placement.accelerator).inc(added)
+        return body["metadata"].get("resourceVersion")
 
     async def _observe_finetune(self, body: dict, seen: Seen) -> finetune_lifecycle.FineTuneView:
         """What exists for this GemmaFineTune; `seen` gets every child read, found or not."""
@@ -174,10 +182,11 @@ class Controller:
 
     # ------------------------------------------------------------------ GemmaServe
 
-    async def _reconcile_serve(self, namespace: str, name: str) -> None:
+    async def _reconcile_serve(self, namespace: str, name: str) -> str | None:
+        """Reconcile one GemmaServe; the resourceVersion it was read at, when it exists."""
         body = await self.kube.get(api.SERVE.kind, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
-            return
+            return None
         meta, status, spec = body["metadata"], body.get("status") or {}, body.get("spec") or {}
         ref = _fine_tune_ref(spec)
         fine_tune = await self.kube.get(api.FINETUNE.kind, namespace, ref) if ref else None
@@ -228,6 +237,7 @@ class Controller:
         decision = serve_lifecycle.decide(view, self.settings)
         await self._apply(body, decision, seen)
         self.tracker.observe(api.SERVE.kind, namespace, name, decision.status.get("phase"))
+        return meta.get("resourceVersion")
 
     # ------------------------------------------------------------------ applying
 

@@ -157,12 +157,15 @@ async def test_suspending_a_job_stops_its_pod(apiserver, node):
     await cluster.wait_for(lambda: _running(cluster, "long"), message="running")
     await cluster.kube.patch("Job", NS, "long", {"spec": {"suspend": True}})
     await cluster.wait_for(lambda: _no_pods(cluster, "long"), message="pod deleted")
-    await asyncio.sleep(0.3)
-    assert not node.pods, "its process was stopped"
+    await cluster.wait_for(lambda: _stopped(node), message="its process was stopped")
 
 
 async def _running(cluster, name):
     return any((p.get("status") or {}).get("phase") == "Running" for p in await pods_of(cluster, name))
+
+
+async def _stopped(node):
+    return not node.pods
 
 
 async def _no_pods(cluster, name):

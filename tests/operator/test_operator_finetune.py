@@ -11,6 +11,7 @@ from gemma_operator.settings import OperatorSettings
 from gemma_workloads import tiny
 from gemma_workloads.config import MergeConfig
 from tests.support.builders import finetune
+from tests.support.operator import settled
 
 NS = "default"
 
@@ -120,7 +121,7 @@ async def test_retries_exhausted_fails_and_counts_restarts_not_preemptions(opera
     ft = await cluster.phase("GemmaFineTune", NS, "flaky", "Failed")
     assert (ft["status"]["restarts"], ft["status"]["preemptions"]) == (2, 1)
     assert "OOMKilled" in ft["status"]["message"]
-    await asyncio.sleep(0.5)  # a finished run is never restarted
+    await settled(cluster, operator, "GemmaFineTune", NS, "flaky")  # a finished run is never restarted
     jobs = await cluster.kube.list("Job", NS)
     assert [j["metadata"]["name"] for j in jobs] == [train_name]
 
@@ -150,17 +151,19 @@ async def test_operator_restart_mid_training_creates_no_second_job(apiserver, cl
 
     async def start():
         stop, ready = asyncio.Event(), asyncio.Event()
-        _, tasks = await runner.spawn(str(apiserver.url), OperatorSettings(progress_poll_seconds=0.2), stop, ready)
+        controller, tasks = await runner.spawn(
+            str(apiserver.url), OperatorSettings(progress_poll_seconds=0.2), stop, ready
+        )
         await ready.wait()
-        return stop, tasks
+        return controller, stop, tasks
 
-    stop, tasks = await start()
+    _, stop, tasks = await start()
     await training_started(cluster, b)
     await cluster.phase("GemmaFineTune", NS, "steady", "Training")
     await runner.stop(tasks, stop)
 
-    stop, tasks = await start()  # a new operator process: only the cluster's state is known
-    await asyncio.sleep(1.0)
+    controller, stop, tasks = await start()  # a new operator process: only the cluster's state is known
+    await settled(cluster, controller, "GemmaFineTune", NS, "steady")
     jobs = await cluster.kube.list("Job", NS)
     assert [j["metadata"]["name"] for j in jobs] == [train_name]
     ft = await cluster.get("GemmaFineTune", NS, "steady")
@@ -252,7 +255,7 @@ async def test_a_queue_suspending_the_job_is_not_overridden(operator, cluster):
     await cluster.kube.patch("Job", NS, train_name, {"spec": {"suspend": True}})  # Kueue, until admitted
     ft = await cluster.wait_for(lambda: _message_has(cluster, "queued", "queued"), message="queued")
     assert ft["status"]["phase"] == "Pending"
-    await asyncio.sleep(0.5)
+    await settled(cluster, operator, "GemmaFineTune", NS, "queued")
     assert (await cluster.get("Job", NS, train_name))["spec"]["suspend"] is True, "admission is the queue's call"
     await cluster.kube.patch("Job", NS, train_name, {"spec": {"suspend": False}})  # admitted
     await cluster.job_running(NS, train_name)

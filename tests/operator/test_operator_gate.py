@@ -70,6 +70,12 @@ async def _serving(cluster, uri):
     return await served_model(cluster) == uri
 
 
+async def _ready_with_run(cluster, run):
+    gsv = await cluster.get("GemmaServe", NS, "chat")
+    st = (gsv or {}).get("status") or {}
+    return gsv if st.get("phase") == "Ready" and st.get("run") == run else None
+
+
 async def _condition(cluster, type_, reason):
     gsv = await cluster.get("GemmaServe", NS, "chat")
     cond = next((c for c in (gsv.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
@@ -123,8 +129,9 @@ async def test_a_worse_run_is_not_rolled_out_a_better_one_is_and_a_pin_rolls_bac
     p3 = await run_fine_tune(cluster, evaluated(300), figures(1.1, 0.8))
     await cluster.wait_for(lambda: _serving(cluster, p3.merged_dir), message="run 3 rolled out")
     await cluster.deployment_ready(NS, "chat-vllm")
-    gsv = await cluster.phase("GemmaServe", NS, "chat", "Ready")
-    assert gsv["status"]["run"] == p3.run and gsv["status"]["passedRuns"] == [p3.run, p1.run]
+    # Ready was already the phase while run 1 served: wait for the status that names run 3.
+    gsv = await cluster.wait_for(lambda: _ready_with_run(cluster, p3.run), message="Ready with run 3")
+    assert gsv["status"]["passedRuns"] == [p3.run, p1.run]
     await cluster.wait_for(lambda: _condition(cluster, "GatePassed", "Passed"), message="gate passed again")
 
     # Rolling back is one field: a run listed in passedRuns.

@@ -1,11 +1,10 @@
 """GemmaServe against the real operator: waiting for its fine-tune, deploying, rolling to a new output."""
 
-import asyncio
-
 from gemma_operator.children import merge, serving, training
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
 from tests.support.builders import finetune, serve
+from tests.support.operator import settled
 
 NS = "default"
 
@@ -63,7 +62,7 @@ async def test_serve_waits_deploys_and_rolls_to_a_new_output(operator, cluster):
     await cluster.phase("GemmaFineTune", NS, "ft", "Pending")
     gsv = await cluster.wait_for(lambda: _model_ready_reason(cluster, "PreviousOutput"), message="PreviousOutput")
     assert gsv["status"]["phase"] == "Ready" and gsv["status"]["modelUri"] == p1.merged_dir
-    await asyncio.sleep(0.3)
+    await settled(cluster, operator, "GemmaServe", NS, "chat")
     assert await deployment_model(cluster, "chat-vllm") == p1.merged_dir
 
     p2 = await finish_fine_tune(cluster, finetune("ft").tpu("v5p").training(steps=200))

@@ -42,3 +42,17 @@ def operator_calls(api: ApiServer) -> collections.Counter[Call]:
         if agent.startswith((USER_AGENT, "kopf/")):
             out.update(calls)
     return out
+
+
+async def settled(cluster, controller, kind: str, namespace: str, name: str, timeout: float = 15) -> None:
+    """Return once the operator has completed a reconcile that read the CR after this call began:
+    the way to say "and nothing more happens" without a sleep a loaded machine may cut short.
+    The CR is touched (an annotation no one reads), so a finished one is reconciled too."""
+    touched = await cluster.kube.patch(kind, namespace, name, {"metadata": {"annotations": {"tests/touched": "x"}}})
+    version = int(touched["metadata"]["resourceVersion"])
+    key = (kind, namespace, name)
+
+    async def acted() -> bool:
+        return int(controller.reconciled.get(key) or 0) >= version
+
+    await cluster.wait_for(acted, timeout, f"a reconcile of {kind} {namespace}/{name} at resourceVersion {version}")
