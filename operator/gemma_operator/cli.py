@@ -248,6 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (default)")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf health endpoint ('' to disable)")
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0 to disable)")
+    p.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",
+        help="address the metrics server binds (default every interface; 127.0.0.1 behind a proxy sidecar)",
+    )
     p.add_argument("--standalone", action="store_true", help="no kopf peering (the default; kept for old scripts)")
     p.add_argument("--peering", metavar="NAME", help="opt in to kopf peering by this name (needs its CRDs)")
     p.add_argument(

@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes
+import urllib3
 from kubernetes.client.rest import ApiException
 
 from gemma_operator import api
@@ -23,9 +25,15 @@ USER_AGENT = "gemma-tpu-operator"
 UNREAD = object()  # `Kube.ensure`: what exists was not read yet
 
 
+UNREACHABLE = 0  # ApiError.status when no answer came: refused, reset, timed out, TLS failed
+# Every request gives up after this long, so that no call outlives the leader's Lease (leader.py).
+REQUEST_TIMEOUT = (5.0, 30.0)  # seconds to connect, then to read
+
+
 class ApiError(Exception):
-    """An API answer other than 2xx; `request` names the call (verb and path), `retry_after` is the
-    server's Retry-After in seconds (429, 503), when it gave one."""
+    """An API answer other than 2xx, or no answer at all (`status` UNREACHABLE); `request` names
+    the call (verb and path), `retry_after` is the server's Retry-After in seconds (429, 503), when
+    it gave one."""
 
     def __init__(
         self, status: int, reason: str, message: str, request: str = "", retry_after: float | None = None
@@ -34,28 +42,55 @@ class ApiError(Exception):
         self.status, self.reason, self.message = status, reason, message
         self.request, self.retry_after = request, retry_after
 
+    @property
+    def transient(self) -> bool:
+        """Worth trying again as it is: no answer, throttled, or the server's own failure."""
+        return self.status in (UNREACHABLE, 429) or self.status >= 500
 
-def _error(e: ApiException, request: str = "") -> ApiError:
-    try:
-        body = json.loads(e.body or "{}")
-    except ValueError:
-        body = {}
-    try:
-        retry_after = float((e.headers or {}).get("Retry-After"))
-    except (TypeError, ValueError):
-        retry_after = None
-    reason, message = body.get("reason") or str(e.reason), body.get("message") or str(e.body)
-    return ApiError(e.status, reason, message, request, retry_after)
+
+class NotLeading(ApiError):
+    """A write refused by this replica itself: it no longer holds the leader's Lease."""
+
+    def __init__(self, request: str = "") -> None:
+        super().__init__(UNREACHABLE, "NotLeading", "this replica does not hold the leader's Lease", request)
+
+
+# What the Kubernetes client raises: an answer other than 2xx, or the failure to get one.
+CLIENT_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
+
+
+def api_error(e: ApiException | urllib3.exceptions.HTTPError | OSError, request: str = "") -> ApiError:
+    """The one translation of what the Kubernetes client raises (CLIENT_ERRORS) into ApiError, so
+    that every caller's handling of API errors applies to a refused connection too."""
+    if isinstance(e, ApiException) and e.status:
+        try:
+            body = json.loads(e.body or "{}")
+        except ValueError:
+            body = {}
+        try:
+            retry_after = float((e.headers or {}).get("Retry-After"))
+        except (TypeError, ValueError):
+            retry_after = None
+        reason, message = body.get("reason") or str(e.reason), body.get("message") or str(e.body)
+        return ApiError(e.status, reason, message, request, retry_after)
+    cause = e.reason if isinstance(e, urllib3.exceptions.MaxRetryError) and e.reason else e
+    return ApiError(UNREACHABLE, "Unreachable", f"{type(cause).__name__}: {cause}", request)
 
 
 class Kube:
     """Async access to the objects of `KINDS`, as plain dicts."""
 
     def __init__(
-        self, client: kubernetes.client.ApiClient, kinds: dict[str, KindInfo] = KINDS, user_agent: str = USER_AGENT
+        self,
+        client: kubernetes.client.ApiClient,
+        kinds: dict[str, KindInfo] = KINDS,
+        user_agent: str = USER_AGENT,
+        may_write: Callable[[], bool] | None = None,
     ) -> None:
         client.user_agent = user_agent
         self._client, self._kinds = client, kinds
+        # Asked before every write: a replica that no longer leads must not write (leader.py).
+        self._may_write = may_write
 
     @classmethod
     def from_url(cls, url: str, kinds: dict[str, KindInfo] = KINDS, user_agent: str = USER_AGENT) -> Kube:
@@ -82,6 +117,10 @@ class Kube:
         content_type: str = "application/json",
         raw: bool = False,
     ) -> Any:
+        request = f"{method} {path}"
+        if method != "GET" and self._may_write is not None and not self._may_write():
+            raise NotLeading(request)
+
         def call() -> Any:
             c = self._client
             try:
@@ -93,13 +132,13 @@ class Kube:
                     header_params={"Content-Type": content_type, "Accept": "application/json"},
                     auth_settings=["BearerToken"],
                 )
-                resp = c.call_api(method_, url, header_params=headers, body=data)
+                resp = c.call_api(method_, url, header_params=headers, body=data, _request_timeout=REQUEST_TIMEOUT)
                 resp.read()
-            except ApiException as e:
-                raise _error(e, f"{method} {path}") from None
+            except CLIENT_ERRORS as e:
+                raise api_error(e, request) from None
             text = (resp.data or b"").decode()
             if not 200 <= resp.status < 300:
-                raise _error(ApiException(http_resp=resp), f"{method} {path}")
+                raise api_error(ApiException(http_resp=resp), request)
             return text if raw else json.loads(text or "null")
 
         return await asyncio.to_thread(call)

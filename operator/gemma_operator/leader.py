@@ -3,9 +3,19 @@
 kopf's peering is not used: it pauses kopf's handlers but not the operator's poller, it pauses
 every replica when their priorities are equal (as the pods of one Deployment's are), and it needs
 CRDs and cluster-wide RBAC of its own. A Lease taken before kopf starts guards everything the
-process does, with a Role on one object in the operator's namespace. As in client-go, holders are
-judged by when this replica saw the Lease change (no clock is compared across machines), and a
-leader that cannot renew within the deadline stops: Kubernetes restarts it as a candidate.
+process does, with a Role on one object in the operator's namespace.
+
+What it promises, as client-go's leader election does (k8s.io/client-go/tools/leaderelection,
+whose defaults kube-controller-manager and kube-scheduler use: LeaseDuration 15 s, RenewDeadline
+10 s, RetryPeriod 2 s; NewLeaderElector refuses a RenewDeadline not shorter than the LeaseDuration):
+- holders are judged by when this replica saw the Lease change, never by comparing clocks;
+- a renewal counts from when its request was sent, no renewal request outlives the deadline, and
+  `holds()` turns false at the deadline whether or not the renewal thread has noticed: every write
+  of the operator asks it first (`Kube(may_write=...)`), so a leader that cannot renew stops
+  writing LEASE_SECONDS - RENEW_DEADLINE_SECONDS before another replica may take over;
+- the leader that loses the Lease says so, stops kopf and exits 1; its Deployment restarts it as a
+  candidate (as client-go's own users do); a renewal thread that dies takes the leader down too;
+- a candidate that cannot reach the API waits and tries again; it never exits for it.
 """
 
 from __future__ import annotations
@@ -20,16 +30,18 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
-import kopf
 import kubernetes
-from kubernetes.client.rest import ApiException
+
+from gemma_operator.kube import CLIENT_ERRORS, REQUEST_TIMEOUT, ApiError, api_error
 
 log = logging.getLogger("gemma_operator.leader")
 
 LEASE_SECONDS = 15  # a silent leader is replaced after this long
-RENEW_DEADLINE_SECONDS = 10  # a leader that could not renew for this long steps down
+RENEW_DEADLINE_SECONDS = 10  # a leader that could not renew for this long stops writing, then exits
 RETRY_SECONDS = 2
+assert RENEW_DEADLINE_SECONDS < LEASE_SECONDS, "the leader must stop before another may start"
 
 
 def _now() -> str:
@@ -47,21 +59,33 @@ class Elector:
         identity: str,
         lease_seconds: float = LEASE_SECONDS,
         retry_seconds: float = RETRY_SECONDS,
+        renew_deadline: float = RENEW_DEADLINE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = kubernetes.client.CoordinationV1Api(client)
         self.namespace, self.name, self.identity = namespace, name, identity
-        self.lease_seconds, self.retry_seconds, self._clock = lease_seconds, retry_seconds, clock
+        self.lease_seconds, self.retry_seconds, self.renew_deadline = lease_seconds, retry_seconds, renew_deadline
+        self._clock = clock
         self._record: tuple | None = None  # (holder, renewTime, resourceVersion) last seen
         self._seen = 0.0
+        self._renewed: float | None = None  # when the request of our last successful write was sent
+        self._failing = False
 
-    def try_acquire_or_renew(self) -> bool:
+    def holds(self) -> bool:
+        """Whether this replica may still act as the leader: it renewed within the deadline."""
+        return self._renewed is not None and self._clock() - self._renewed < self.renew_deadline
+
+    def try_acquire_or_renew(self, timeout: float | tuple[float, float] = REQUEST_TIMEOUT) -> bool:
+        """One attempt; ApiError when the API cannot be reached or refuses for another reason."""
+        started = self._clock()
         try:
-            lease = self.api.read_namespaced_lease(self.name, self.namespace)
-        except ApiException as e:
+            lease = self._call(
+                lambda: self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=timeout)
+            )
+        except ApiError as e:
             if e.status != 404:
                 raise
-            return self._create()
+            return self._create(started, timeout)
         spec, rv = lease.spec, lease.metadata.resource_version
         record = (spec.holder_identity, spec.renew_time, rv)
         if record != self._record:
@@ -78,13 +102,12 @@ class Elector:
         if spec.holder_identity != self.identity:
             patch.update(acquireTime=now, leaseTransitions=(spec.lease_transitions or 0) + 1)
         # The resourceVersion makes the patch fail (409) if another candidate wrote first.
+        body = {"metadata": {"resourceVersion": rv}, "spec": patch}
         return self._write(
-            lambda: self.api.patch_namespaced_lease(
-                self.name, self.namespace, {"metadata": {"resourceVersion": rv}, "spec": patch}
-            )
+            started, lambda: self.api.patch_namespaced_lease(self.name, self.namespace, body, _request_timeout=timeout)
         )
 
-    def _create(self) -> bool:
+    def _create(self, started: float, timeout: float | tuple[float, float]) -> bool:
         now = _now()
         body = {
             "apiVersion": "coordination.k8s.io/v1",
@@ -98,61 +121,88 @@ class Elector:
                 "leaseTransitions": 0,
             },
         }
-        return self._write(lambda: self.api.create_namespaced_lease(self.namespace, body))
+        return self._write(
+            started, lambda: self.api.create_namespaced_lease(self.namespace, body, _request_timeout=timeout)
+        )
 
-    def _write(self, call: Callable) -> bool:
+    def _write(self, started: float, call: Callable[[], Any]) -> bool:
         try:
-            lease = call()
-        except ApiException as e:
+            lease = self._call(call)
+        except ApiError as e:
             if e.status == 409:  # someone else wrote first
                 return False
             raise
         self._record = (lease.spec.holder_identity, lease.spec.renew_time, lease.metadata.resource_version)
-        self._seen = self._clock()
+        self._seen, self._renewed = self._clock(), started
         return True
 
+    @staticmethod
+    def _call(call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except CLIENT_ERRORS as e:
+            raise api_error(e, "leader election") from None
+
+    def _attempt(self, timeout: float | tuple[float, float] = REQUEST_TIMEOUT) -> bool:
+        """An attempt whose API failures are logged when they start and when they end, not each time."""
+        try:
+            won = self.try_acquire_or_renew(timeout)
+        except ApiError as e:
+            if not self._failing:
+                log.warning("leader election: the Lease cannot be read or written, retrying: %s", e)
+            self._failing = True
+            return False
+        if self._failing:
+            log.warning("leader election: the API answers again")
+        self._failing = False
+        return won
+
     def acquire(self, stop: threading.Event) -> bool:
-        """Wait until this replica leads (True) or `stop` is set (False)."""
+        """Wait until this replica leads (True) or `stop` is set (False); never gives up on errors."""
         while not stop.is_set():
-            try:
-                if self.try_acquire_or_renew():
-                    log.info("%s leads through Lease %s/%s", self.identity, self.namespace, self.name)
-                    return True
-            except ApiException as e:
-                log.warning("leader election: %s", e.reason)
+            if self._attempt():
+                log.info("%s leads through Lease %s/%s", self.identity, self.namespace, self.name)
+                return True
             stop.wait(self.retry_seconds)
         return False
 
-    def keep(
-        self, on_lost: Callable[[], None], stop: threading.Event, deadline: float = RENEW_DEADLINE_SECONDS
-    ) -> None:
-        """Renew until `stop`; call `on_lost` when no renewal succeeded for `deadline` seconds."""
-        renewed = self._clock()
+    def keep(self, on_lost: Callable[[], None], stop: threading.Event) -> None:
+        """Renew until `stop`; call `on_lost` once no renewal succeeded for the renew deadline. A
+        renewal's request gets only what is left of the deadline, so none can outlive it."""
         while not stop.wait(self.retry_seconds):
-            try:
-                if self.try_acquire_or_renew():
-                    renewed = self._clock()
-                    continue
-            except ApiException as e:
-                log.warning("leader election: %s", e.reason)
-            if self._clock() - renewed > deadline:
-                log.error("%s lost Lease %s/%s", self.identity, self.namespace, self.name)
+            left = self.renew_deadline - (self._clock() - (self._renewed or 0.0))
+            if left > 0 and self._attempt(timeout=max(0.1, left)):
+                continue
+            if not self.holds():
+                log.error(
+                    "%s lost Lease %s/%s: no renewal for %.0f s; it stops acting and exits",
+                    self.identity,
+                    self.namespace,
+                    self.name,
+                    self.renew_deadline,
+                )
                 on_lost()
                 return
 
     def release(self) -> None:
         """Hand the Lease over at once (on shutdown) instead of letting it expire."""
-        if not self._record or self._record[0] != self.identity:
+        if not self._record or self._record[0] != self.identity or not self.holds():
             return
         patch = {
             "metadata": {"resourceVersion": self._record[2]},
             "spec": {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now()},
         }
         try:
-            self.api.patch_namespaced_lease(self.name, self.namespace, patch)
-        except ApiException as e:  # it expires on its own
-            log.warning("could not release Lease %s/%s: %s", self.namespace, self.name, e.reason)
-        self._record = None
+            self._call(lambda: self.api.patch_namespaced_lease(self.name, self.namespace, patch))
+        except ApiError as e:  # it expires on its own
+            log.warning("could not release Lease %s/%s: %s", self.namespace, self.name, e)
+        self._record, self._renewed = None, None
+
+
+def elector_for(client: kubernetes.client.ApiClient, lease: str) -> Elector:
+    """The candidate for the Lease `NAMESPACE/NAME`, named after its pod."""
+    namespace, _, name = lease.partition("/")
+    return Elector(client, namespace, name, os.environ.get("POD_NAME") or socket.gethostname())
 
 
 @contextmanager
@@ -183,35 +233,28 @@ def standby_health(liveness: str) -> Iterator[None]:
 
 
 @contextmanager
-def leading(
-    client: kubernetes.client.ApiClient,
-    lease: str,
-    registry: kopf.OperatorRegistry,
-    liveness: str,
-    lost: threading.Event,
-) -> Iterator[threading.Event]:
-    """Wait to lead through the Lease `NAMESPACE/NAME`, then renew it in a thread; yields kopf's
-    stop flag, raised (and `lost` set) if the Lease cannot be renewed. Hands it over on exit."""
-    namespace, _, name = lease.partition("/")
-    elector = Elector(client, namespace, name, os.environ.get("POD_NAME") or socket.gethostname())
+def leading(elector: Elector, liveness: str, stop_flag: threading.Event, lost: threading.Event) -> Iterator[None]:
+    """Wait to lead (answering liveness meanwhile), then renew the Lease in a thread while the
+    body runs; raise `stop_flag` (kopf's) and set `lost` when it cannot be renewed, or when the
+    renewal thread dies of anything else. Hands the Lease over on exit."""
     done = threading.Event()
     with standby_health(liveness):
         elector.acquire(done)
-    # kopf waits for its stop flag in a thread of its own, which has to end for the process to
-    # exit: the flag goes up when leadership is lost, and at kopf's cleanup.
-    stopping = threading.Event()
-
-    @kopf.on.cleanup(registry=registry)
-    def lower_the_stop_flag_waiter(**_: object) -> None:
-        stopping.set()
 
     def step_down() -> None:
         lost.set()
-        stopping.set()
+        stop_flag.set()
 
-    threading.Thread(target=elector.keep, args=(step_down, done), name="lease renewal", daemon=True).start()
+    def renew() -> None:
+        try:
+            elector.keep(step_down, done)
+        except BaseException:
+            log.critical("the Lease renewal stopped on an error: the leader steps down", exc_info=True)
+            step_down()
+
+    threading.Thread(target=renew, name="lease renewal", daemon=True).start()
     try:
-        yield stopping
+        yield
     finally:
         done.set()
         elector.release()

@@ -53,5 +53,5 @@ class PhaseTracker:
             self.chips(namespace, name, "", 0)
 
 
-def serve(port: int) -> None:
-    start_http_server(port, registry=REGISTRY)
+def serve(port: int, address: str = "0.0.0.0") -> None:
+    start_http_server(port, addr=address, registry=REGISTRY)

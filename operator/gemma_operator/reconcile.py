@@ -14,6 +14,7 @@ import asyncio
 import collections
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -51,23 +52,48 @@ class Controller:
         # The resourceVersion of each CR as read by its latest completed reconcile: whoever changed
         # a CR can tell when the operator has acted on that change, and on nothing older.
         self.reconciled: dict[tuple[str, str, str], str] = {}
+        # ... and as that reconcile left it (its own status write's version, if it wrote one).
+        self._latest: dict[tuple[str, str, str], str] = {}
+        self.broken: str | None = None  # why a background task died, if one did
+        self.on_fatal: Callable[[], None] | None = None  # stops the operator (runner.py)
+
+    def must_not_end(self, task: asyncio.Task) -> None:
+        """A background task that ends, other than by being cancelled at shutdown, leaves the operator
+        half alive: say so loudly, fail liveness, and stop the operator (`on_fatal`)."""
+        if task.cancelled():
+            return
+        error = task.exception()
+        self.broken = f"{task.get_name()} ended: {error!r}" if error else f"{task.get_name()} ended"
+        log.critical("the operator stops: %s", self.broken, exc_info=error)
+        if self.on_fatal is not None:
+            self.on_fatal()
 
     def forget(self, kind: str, namespace: str, name: str) -> None:
         self._locks.pop((kind, namespace, name), None)
         self.reconciled.pop((kind, namespace, name), None)
+        self._latest.pop((kind, namespace, name), None)
         self.retries.forget((kind, namespace, name))
         self.tracker.forget(kind, namespace, name)
 
-    async def reconcile(self, kind: str, namespace: str, name: str) -> None:
-        """Reconcile one CR; a failure is logged with the CR it concerns and retried after a back-off."""
+    async def reconcile(self, kind: str, namespace: str, name: str, body: dict | None = None) -> None:
+        """Reconcile one CR; a failure is logged with the CR it concerns and retried after a back-off.
+        `body` is the CR as just listed, when the caller has it: it saves a read, and is used only
+        if it is the version this operator last read or wrote (otherwise it may be older)."""
         key = (kind, namespace, name)
         started = time.perf_counter()
         try:
             async with self._locks[key]:
-                if kind == api.FINETUNE.kind:
-                    version = await self._reconcile_finetune(namespace, name)
-                else:
-                    version = await self._reconcile_serve(namespace, name)
+                if body is not None and body["metadata"].get("resourceVersion") != self._latest.get(key):
+                    body = None
+                try:
+                    version = await self._reconcile_one(kind, namespace, name, body)
+                except ApiError as e:
+                    if e.status != 409:
+                        raise
+                    # Another writer changed the CR between our read and our status write: decide
+                    # again on what it wrote, at once (a second conflict goes to the back-off).
+                    log.info("%s %s/%s changed while reconciling, reading it again", kind, namespace, name)
+                    version = await self._reconcile_one(kind, namespace, name, None)
         except Exception as e:  # any failure: logged, counted and retried
             if isinstance(e, ApiError) and e.status == 404 and await self._gone(kind, namespace, name):
                 return  # the resource was deleted while being reconciled: nothing left to do
@@ -85,10 +111,30 @@ class Controller:
         else:
             self.retries.succeeded(key)
             if version:
-                self.reconciled[key] = version
+                self.reconciled[key] = version[0]
+                self._latest[key] = version[1]
             prometheus_metrics.RECONCILES.labels(kind, "ok").inc()
         finally:
             prometheus_metrics.RECONCILE_SECONDS.labels(kind).observe(time.perf_counter() - started)
+
+    def is_own_write(self, kind: str, body: dict) -> bool:
+        """Whether a watch event only echoes this operator's own last status write of the CR:
+        then nothing changed that it has not already decided on."""
+        meta = body.get("metadata") or {}
+        version = meta.get("resourceVersion")
+        return version is not None and self._latest.get((kind, meta.get("namespace"), meta.get("name"))) == version
+
+    async def _reconcile_one(self, kind: str, namespace: str, name: str, body: dict | None) -> tuple[str, str] | None:
+        if body is None:
+            body = await self.kube.get(kind, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        if kind == api.FINETUNE.kind:
+            written = await self._reconcile_finetune(body)
+        else:
+            written = await self._reconcile_serve(body)
+        read = body["metadata"]["resourceVersion"]
+        return read, written or read
 
     async def _gone(self, kind: str, namespace: str, name: str) -> bool:
         try:
@@ -98,15 +144,13 @@ class Controller:
 
     # ------------------------------------------------------------------ GemmaFineTune
 
-    async def _reconcile_finetune(self, namespace: str, name: str) -> str | None:
-        """Reconcile one GemmaFineTune; the resourceVersion it was read at, when it exists."""
-        body = await self.kube.get(api.FINETUNE.kind, namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            return None
+    async def _reconcile_finetune(self, body: dict) -> str | None:
+        """Reconcile one GemmaFineTune; the resourceVersion of its status write, if it made one."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         seen: Seen = {}
         view = await self._observe_finetune(body, seen)
         decision = finetune_lifecycle.decide(view, self.settings)
-        await self._apply(body, decision, seen)
+        written = await self._apply(body, decision, seen)
         st = decision.status
         self.tracker.observe(api.FINETUNE.kind, namespace, name, st.get("phase"))
         if view.plan:
@@ -115,7 +159,7 @@ class Controller:
             added = float(st.get("chipHours") or 0) - float((body.get("status") or {}).get("chipHours") or 0)
             if added > 0 and st.get("run") == (body.get("status") or {}).get("run"):
                 prometheus_metrics.CHIP_HOURS.labels(view.plan.placement.accelerator).inc(added)
-        return body["metadata"].get("resourceVersion")
+        return written
 
     async def _observe_finetune(self, body: dict, seen: Seen) -> finetune_lifecycle.FineTuneView:
         """What exists for this GemmaFineTune; `seen` gets every child read, found or not."""
@@ -182,12 +226,10 @@ class Controller:
 
     # ------------------------------------------------------------------ GemmaServe
 
-    async def _reconcile_serve(self, namespace: str, name: str) -> str | None:
-        """Reconcile one GemmaServe; the resourceVersion it was read at, when it exists."""
-        body = await self.kube.get(api.SERVE.kind, namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            return None
+    async def _reconcile_serve(self, body: dict) -> str | None:
+        """Reconcile one GemmaServe; the resourceVersion of its status write, if it made one."""
         meta, status, spec = body["metadata"], body.get("status") or {}, body.get("spec") or {}
+        namespace, name = meta["namespace"], meta["name"]
         ref = _fine_tune_ref(spec)
         fine_tune = await self.kube.get(api.FINETUNE.kind, namespace, ref) if ref else None
         model_uri = serve_lifecycle.resolve_model(ref, fine_tune, status, spec)
@@ -235,15 +277,18 @@ class Controller:
                 sel = ",".join(f"{k}={v}" for k, v in serving.selector(plan).items())
                 view.pods = await self.kube.list("Pod", namespace, sel)
         decision = serve_lifecycle.decide(view, self.settings)
-        await self._apply(body, decision, seen)
+        written = await self._apply(body, decision, seen)
         self.tracker.observe(api.SERVE.kind, namespace, name, decision.status.get("phase"))
-        return meta.get("resourceVersion")
+        return written
 
     # ------------------------------------------------------------------ applying
 
-    async def _apply(self, body: dict, d: Decision, seen: Seen) -> None:
+    async def _apply(self, body: dict, d: Decision, seen: Seen) -> str | None:
         """Write what the decision asks, children first. Its Events go before the status that
-        records the phase change, so a failed reconcile (retried) posts them again, once."""
+        records the phase change, so a failed reconcile (retried) posts them again, once. The
+        status write carries the resourceVersion the decision was made on: a condition another
+        controller added meanwhile is never overwritten unseen (409, and the reconcile runs again).
+        Returns the resourceVersion that write produced, if there was one."""
         meta = body["metadata"]
         namespace = meta["namespace"]
         for obj in d.delete:
@@ -261,30 +306,68 @@ class Controller:
             try:
                 await self.kube.event(body, type_, reason, message)
             except ApiError as e:
-                if e.status == 429 or e.status >= 500:
+                if e.transient:
                     raise  # retried with the reconcile, before the status moves on
                 log.warning("could not post event %s on %s %s/%s: %s", reason, body["kind"], namespace, meta["name"], e)
         patch = diff_patch(body.get("status") or {}, d.status)
-        if patch:
-            await self.kube.patch(body["kind"], namespace, meta["name"], {"status": patch}, status=True)
+        if not patch:
+            return None
+        written = await self.kube.patch(
+            body["kind"],
+            namespace,
+            meta["name"],
+            {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch},
+            status=True,
+        )
+        return written["metadata"]["resourceVersion"]
 
     # ------------------------------------------------------------------ polling
 
     async def poll(self, stop: asyncio.Event | None = None) -> None:
-        """Re-visit unfinished CRs: live progress and chip-hours."""
+        """Re-visit unfinished CRs: live progress and chip-hours. While the API cannot be reached,
+        that is logged once, the pause between polls doubles up to POLL_BACKOFF_CAP, and the first
+        poll that works again says so."""
+        outage = Outage("the poller")
         while not (stop and stop.is_set()):
-            await asyncio.sleep(self.settings.progress_poll_seconds)
-            for kind in (api.FINETUNE.kind, api.SERVE.kind):
-                for namespace in self.namespaces or [None]:
-                    try:
-                        items = await self.kube.list(kind, namespace)
-                    except ApiError as e:
-                        log.warning("listing %s failed: %s", kind, e)
-                        continue
-                    for obj in items:
-                        st, meta = obj.get("status") or {}, obj["metadata"]
-                        if st.get("phase") in ACTIVE or st.get("observedGeneration") != meta.get("generation"):
-                            await self.reconcile(kind, meta["namespace"], meta["name"])
+            await asyncio.sleep(outage.pause(self.settings.progress_poll_seconds))
+            try:
+                await self._poll_once()
+            except ApiError as e:
+                outage.failed(e)
+            else:
+                outage.recovered()
+
+    async def _poll_once(self) -> None:
+        for kind in (api.FINETUNE.kind, api.SERVE.kind):
+            for namespace in self.namespaces or [None]:
+                for obj in await self.kube.list(kind, namespace):
+                    st, meta = obj.get("status") or {}, obj["metadata"]
+                    if st.get("phase") in ACTIVE or st.get("observedGeneration") != meta.get("generation"):
+                        await self.reconcile(kind, meta["namespace"], meta["name"], obj)
+
+
+POLL_BACKOFF_CAP = 60.0  # seconds between polls at most, while the API cannot be reached
+
+
+class Outage:
+    """A background task's view of API failures: logged when they start and when they end, not at
+    every attempt, with a pause that doubles while they last."""
+
+    def __init__(self, task: str) -> None:
+        self.task, self.failures = task, 0
+
+    def pause(self, period: float) -> float:
+        return period if not self.failures else min(POLL_BACKOFF_CAP, period * 2**self.failures)
+
+    def failed(self, error: ApiError) -> None:
+        if not self.failures:
+            log.warning("%s cannot reach the API, retrying with back-off: %s", self.task, error)
+        self.failures += 1
+
+    def recovered(self) -> None:
+        if self.failures:
+            log.warning("%s reaches the API again after %d failed attempt(s)", self.task, self.failures)
+        self.failures = 0
 
 
 def owner_of(body: dict) -> tuple[str, str] | None:
@@ -305,20 +388,22 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
         return {(namespace, ref): name} if ref else None
 
     @kopf.on.event(api.GROUP, api.VERSION, api.FINETUNE.plural, registry=registry)
-    async def fine_tune_event(type: str, name: str, namespace: str, serves_by_fine_tune: kopf.Index, **_: Any) -> None:
+    async def fine_tune_event(
+        type: str, body: kopf.Body, name: str, namespace: str, serves_by_fine_tune: kopf.Index, **_: Any
+    ) -> None:
         if type == "DELETED":
             controller.forget(api.FINETUNE.kind, namespace, name)
-        else:
+        elif not controller.is_own_write(api.FINETUNE.kind, body):
             await controller.reconcile(api.FINETUNE.kind, namespace, name)
         for serve in serves_by_fine_tune.get((namespace, name), []):
             await controller.reconcile(api.SERVE.kind, namespace, serve)
 
     @kopf.on.event(api.GROUP, api.VERSION, api.SERVE.plural, registry=registry)
-    async def serve_event(type: str, name: str, namespace: str, **_: Any) -> None:
+    async def serve_event(type: str, body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
         if type == "DELETED":
             controller.forget(api.SERVE.kind, namespace, name)
-            return
-        await controller.reconcile(api.SERVE.kind, namespace, name)
+        elif not controller.is_own_write(api.SERVE.kind, body):
+            await controller.reconcile(api.SERVE.kind, namespace, name)
 
     async def child_event(body: kopf.Body, namespace: str, **_: Any) -> None:
         owner = owner_of(body)
@@ -333,7 +418,15 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
 
     @kopf.on.startup(registry=registry)
     async def start_poller(memo: kopf.Memo, **_: Any) -> None:
-        memo.poller = asyncio.create_task(controller.poll())
+        memo.poller = asyncio.create_task(controller.poll(), name="the poller")
+        memo.poller.add_done_callback(controller.must_not_end)
+
+    @kopf.on.probe(id="background", registry=registry)
+    def background(**_: Any) -> str:
+        """Liveness: fails once a task the operator needs has died (the process then stops too)."""
+        if controller.broken:
+            raise kopf.PermanentError(controller.broken)
+        return "ok"
 
     @kopf.on.cleanup(registry=registry)
     async def stop_poller(memo: kopf.Memo, **_: Any) -> None:

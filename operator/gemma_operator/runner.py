@@ -17,7 +17,7 @@ import kopf
 import kubernetes
 
 from gemma_operator import api, leader, prometheus_metrics
-from gemma_operator.kube import Kube
+from gemma_operator.kube import USER_AGENT, Kube
 from gemma_operator.reconcile import Controller, register
 from gemma_operator.settings import OperatorSettings, load_settings
 
@@ -36,6 +36,10 @@ def configure(settings: kopf.OperatorSettings, *, namespaced: bool = False) -> N
     settings.watching.server_timeout = 300  # re-establish watches every few minutes
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
+    # kopf retries a failed request after 1, 1, 2, 3, 5, 8, 13 and 21 s by default: after an outage of
+    # a minute its watches came back 13 s after the API did. Retry every 2 s instead; past the last
+    # delay a watch gives up and is restarted at once (kopf's infinite_watch), so it never stops.
+    settings.networking.error_backoffs = [1, 2, 2, 2, 2, 2]
     # Watching given namespaces needs no cluster-scoped reads: kopf then neither lists namespaces
     # nor watches CRDs (a kind installed later, JobSet say, is seen after a restart).
     settings.scanning.disabled = namespaced
@@ -71,7 +75,8 @@ def _client_from_environment() -> kubernetes.client.ApiClient:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`gemma-tpu operator`: run until stopped (exit status 1 when leadership was lost)."""
+    """`gemma-tpu operator`: run until stopped (exit status 1 when leadership was lost, or when a
+    task the operator needs died)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.standalone and args.peering:
         logging.error("--standalone and --peering exclude each other")
@@ -79,7 +84,13 @@ def run(args: argparse.Namespace) -> int:
     warn_when_watches_pause()
     settings = load_settings(args.settings)
     client = _client_from_environment()
-    controller = Controller(Kube(client), settings, args.namespace)
+    elector = leader.elector_for(client, args.leader_election_lease) if args.leader_election_lease else None
+    kube = (
+        Kube(client, user_agent=f"{USER_AGENT} ({elector.identity})", may_write=elector.holds)
+        if elector
+        else Kube(client)
+    )
+    controller = Controller(kube, settings, args.namespace)
     registry = kopf.OperatorRegistry()
     register(registry, controller)
     # A registry of our own has none of kopf's default login handlers: log in as our client does.
@@ -89,15 +100,24 @@ def run(args: argparse.Namespace) -> int:
     def startup(settings: kopf.OperatorSettings, **_: object) -> None:
         configure(settings, namespaced=bool(args.namespace))
         if args.metrics_port:
-            prometheus_metrics.serve(args.metrics_port)
+            prometheus_metrics.serve(args.metrics_port, args.metrics_address)
 
-    lost = threading.Event()
+    # kopf waits for its stop flag in a thread of its own, which has to end for the process to
+    # exit: the flag goes up when leadership is lost, when a needed task dies, and at kopf's cleanup.
+    stop_flag, lost, fatal = threading.Event(), threading.Event(), threading.Event()
+
+    @kopf.on.cleanup(registry=registry)
+    def lower_the_stop_flag_waiter(**_: object) -> None:
+        stop_flag.set()
+
+    def stop_on_fatal() -> None:
+        fatal.set()
+        stop_flag.set()
+
+    controller.on_fatal = stop_on_fatal
     with contextlib.ExitStack() as stack:
-        stop_flag = None
-        if args.leader_election_lease:  # wait for the Lease, then hold it while kopf runs
-            stop_flag = stack.enter_context(
-                leader.leading(client, args.leader_election_lease, registry, args.liveness, lost)
-            )
+        if elector:  # wait for the Lease, then hold it while kopf runs
+            stack.enter_context(leader.leading(elector, args.liveness, stop_flag, lost))
         kopf.run(
             registry=registry,
             standalone=args.peering is None,
@@ -107,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             namespaces=args.namespace,
             stop_flag=stop_flag,
         )
-    return 1 if lost.is_set() else 0
+    return 1 if lost.is_set() or fatal.is_set() else 0
 
 
 async def spawn(
@@ -120,6 +140,7 @@ async def spawn(
     """The operator as tasks of the running loop, talking to the API at `url` (no TLS)."""
     kube = Kube.from_url(url)
     controller = Controller(kube, settings, list(namespaces) or None)
+    controller.on_fatal = stop.set
     registry = kopf.OperatorRegistry()
     register(registry, controller)
 

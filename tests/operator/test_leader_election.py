@@ -71,8 +71,8 @@ async def test_a_leader_that_cannot_renew_steps_down_and_release_hands_over(apis
     assert await asyncio.to_thread(b.try_acquire_or_renew), "a released lease is taken at once"
 
     lost = []
-    a.retry_seconds, clock.step = 0.01, 1.0  # b holds the lease: every renewal of a fails, time passes
-    await asyncio.wait_for(asyncio.to_thread(a.keep, lambda: lost.append(True), threading.Event(), deadline=3), 5)
+    a.retry_seconds, a.renew_deadline, clock.step = 0.01, 3, 1.0  # b holds it: a's renewals fail, time passes
+    await asyncio.wait_for(asyncio.to_thread(a.keep, lambda: lost.append(True), threading.Event()), 5)
     assert lost == [True], "a stepped down once its renew deadline passed"
 
 
