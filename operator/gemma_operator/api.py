@@ -504,7 +504,12 @@ class GemmaFineTuneStatus(ObservedStatus):
         Timestamp | None, Field(description="When the fine-tune succeeded or failed (RFC 3339).")
     ] = None
     chip_hours: Annotated[float | None, Field(description="TPU chip-hours used by this run.")] = None
-    estimated_cost: Annotated[float | None, Field(description="chipHours at the list price, in dollars.")] = None
+    estimated_cost: Annotated[
+        float | None,
+        Field(
+            description="chipHours at the plan's price per chip-hour (settings; Spot rate on Spot where set), in dollars."
+        ),
+    ] = None
     accounted_at: Annotated[Timestamp | None, Field(description="When chipHours was last brought up to date.")] = None
     restarts: Annotated[int | None, Field(description="Pod failures counted against spec.backoffLimit.")] = None
     preemptions: Annotated[
