@@ -20,6 +20,14 @@ from typing import Any
 
 from gemma_operator import api, crd
 
+# The schema keywords checked here; the CEL rules (x-kubernetes-validations) are the models' to check,
+# and the rest only documents. A keyword crd.py starts to emit must join one of these sets.
+CHECKED = frozenset(
+    {"type", "properties", "items", "required", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+    | {"minLength", "maxLength", "pattern", "minItems", "maxItems"}
+)
+NOT_CHECKED = frozenset({"description", "default", "x-kubernetes-validations"})
+
 _JSON_TYPES = {
     "object": (dict,),
     "array": (list,),

@@ -166,6 +166,19 @@ def test_the_gate_refuses_what_the_crd_schema_refuses(builder, message):
         validate_cr(obj)
 
 
+def test_the_schema_check_knows_every_keyword_the_crds_use():
+    used = set()
+
+    def walk(node: dict) -> None:
+        used.update(node)
+        for child in [*node.get("properties", {}).values(), *([node["items"]] if "items" in node else [])]:
+            walk(child)
+
+    for kind in api.KINDS.values():
+        walk(crd.crd(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"])
+    assert used - crd_validation.CHECKED - crd_validation.NOT_CHECKED == set()
+
+
 def test_a_null_is_pruned_not_refused():
     # apiextensions prunes a null of a non-nullable field before validation: it reads as absent.
     obj = finetune("b").set("training.epochs", None).obj()
@@ -262,6 +275,10 @@ def test_a_service_plan_says_what_it_costs(capsys, tmp_path):
         "$14,400.00 per 30 days; at maxReplicas 4: $80.00/h, $57,600.00 per 30 days" in lines
     )
     assert "  price:         $2.50/chip-hour on demand (settings.prices_per_chip_hour)" in lines
+    assert cli.main_exit(["plan", "-o", "json", "-f", str(path), "--settings", str(tmp_path / "settings.yaml")]) == 0
+    [cost] = [p["cost"] for p in json.loads(capsys.readouterr().out)]
+    assert (cost["perReplicaHour"], cost["perReplica30Days"]) == (20.0, 14400.0)
+    assert cost["at"]["maxReplicas"] == {"replicas": 4, "hour": 80.0, "30Days": 57600.0}
 
 
 def test_built_in_prices_are_marked_unverified():
