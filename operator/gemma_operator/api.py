@@ -38,13 +38,64 @@ _SIZE = r"^[0-9]+(\.[0-9]+)?(B|KB|MB|GB|TB|Ki|Mi|Gi|Ti)?$"
 _URI = r"^(gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9](/.*)?|/.+)$"
 _HF_REPO = r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+$"
 _TOPOLOGY = r"^[0-9]+(x[0-9]+){1,2}$"
+_RUN = r"^[0-9a-f]{6,64}$"
 PATTERN_HINTS = {
     _DNS_NAME: "is not a valid Kubernetes name (lowercase letters, digits, '-' and '.')",
     _SIZE: "is not a size such as 5GB or 4Gi",
     _URI: "is neither a gs://bucket/path URI (bucket: 3-63 of a-z, 0-9, -, _ and .) nor an absolute path",
     _HF_REPO: "is not a Hugging Face repo id such as google/gemma-4-31B-it",
     _TOPOLOGY: "is not a topology such as 2x2x1 or 2x4",
+    _RUN: "is not a run id (6 to 64 hexadecimal digits)",
 }
+
+# The longest value of every free string and the most items of every list, in both CRDs. The
+# Kubernetes API conventions ask for them, and the API server needs them: before it accepts a CRD it
+# estimates each CEL rule's worst-case cost from the declared bounds of what the rule reads, and
+# refuses a rule over an unbounded list or string (tests/operator/test_crd_bounds.py says where).
+MAX_LENGTH = {
+    "name": 253,  # an object name: RFC 1123 subdomain (Secret, PVC, ServiceAccount, GemmaFineTune)
+    "label": 63,  # an RFC 1123 label: a node pool, a reservation
+    "secretKey": 253,  # a key of a Secret's data (Kubernetes' IsConfigMapKey)
+    "uri": 2048,  # a gs:// URI or an absolute path
+    "hfRepo": 200,  # owner/name: Hugging Face caps each at 96 characters
+    "image": 512,  # registry/repository:tag@sha256:digest
+    "path": 1024,  # a mount path in the container
+    "quantity": 64,  # a Kubernetes quantity or a size: 5GB, 4Gi, "-1"
+    "flag": 1024,  # one vLLM flag or one gcsfuse mount option
+    "metric": 253,  # a Prometheus metric name as the metrics adapter exposes it
+    "run": 64,  # a run id: a sha256 prefix
+    "time": 64,  # an RFC 3339 timestamp
+    "text": 1024,  # a short status value: a model label, a topology, a summary, an endpoint
+    "conditionType": 316,  # metav1.Condition's own bounds: type, reason, message
+    "reason": 1024,
+    "message": 32768,
+}
+MAX_ITEMS = {
+    "targetModules": len(config.LORA_MODULES),  # each projection once
+    "extraArgs": 64,
+    "mountOptions": 64,
+    "gate": 16,
+    "conditions": 32,  # one per condition type (a list map keyed by type)
+    "metrics": 16,  # one figure per evaluation metric (five today)
+    "runs": 10,  # status.runs: enough to roll back, small enough for the status
+    "passedRuns": 10,  # a subset of the fine-tune's status.runs
+}
+
+
+# Bounded string types, named for what they hold.
+Name = Annotated[str, Field(pattern=_DNS_NAME, max_length=MAX_LENGTH["name"])]
+NodeLabel = Annotated[str, Field(pattern=_DNS_NAME, max_length=MAX_LENGTH["label"])]
+Uri = Annotated[str, Field(pattern=_URI, max_length=MAX_LENGTH["uri"])]
+HfRepo = Annotated[str, Field(pattern=_HF_REPO, max_length=MAX_LENGTH["hfRepo"])]
+Image = Annotated[str, Field(min_length=1, max_length=MAX_LENGTH["image"])]
+Quantity = Annotated[str, Field(min_length=1, max_length=MAX_LENGTH["quantity"])]
+RunId = Annotated[str, Field(pattern=_RUN, max_length=MAX_LENGTH["run"])]
+Timestamp = Annotated[str, Field(max_length=MAX_LENGTH["time"])]
+Text = Annotated[str, Field(max_length=MAX_LENGTH["text"])]
+# Status values: bounded, not matched (the operator writes them; a pattern could only fail its write).
+StatusName = Annotated[str, Field(max_length=MAX_LENGTH["name"])]
+StatusUri = Annotated[str, Field(max_length=MAX_LENGTH["uri"])]
+StatusRun = Annotated[str, Field(max_length=MAX_LENGTH["run"])]
 
 
 class Model(BaseModel):
@@ -59,8 +110,10 @@ class Model(BaseModel):
 class SecretKeyRef(Model):
     """A key of a Secret in the CR's namespace. Only the reference is stored; never the value."""
 
-    name: Annotated[str, Field(pattern=_DNS_NAME, max_length=253, description="Secret name.")]
-    key: Annotated[str, Field(min_length=1, description="Key inside the Secret.")] = "token"
+    name: Annotated[Name, Field(description="Secret name.")]
+    key: Annotated[
+        str, Field(min_length=1, max_length=MAX_LENGTH["secretKey"], description="Key inside the Secret.")
+    ] = "token"
 
 
 class TPU(Model):
@@ -71,19 +124,16 @@ class TPU(Model):
         str | None,
         Field(
             pattern=_TOPOLOGY,
+            max_length=MAX_LENGTH["label"],
             description="Slice topology, e.g. 2x2x1 (v5p-8) or 2x4 (v6e-8). Default: the "
             "generation's smallest single-host slice (v5p 2x2x1, v6e 2x4).",
         ),
     ] = None
-    spot: Annotated[bool, Field(description="Schedule on Spot TPU nodes.")] = False
-    reservation: Annotated[
-        str | None,
-        Field(pattern=_DNS_NAME, max_length=63, description="Name of a specific TPU reservation."),
-    ] = None
-    node_pool: Annotated[
-        str | None,
-        Field(pattern=_DNS_NAME, max_length=63, description="Pin the pods to this GKE node pool."),
-    ] = None
+    spot: Annotated[
+        bool, Field(description="Schedule on Spot TPU nodes (cheaper, may be reclaimed with 15 s notice).")
+    ] = False
+    reservation: Annotated[NodeLabel | None, Field(description="Name of a specific TPU reservation.")] = None
+    node_pool: Annotated[NodeLabel | None, Field(description="Pin the pods to this GKE node pool.")] = None
 
 
 class ServeTPU(TPU):
@@ -95,26 +145,57 @@ class ServeTPU(TPU):
 class Storage(Model):
     """A PersistentVolumeClaim mounted in every pod, for local-path URIs on a real cluster."""
 
-    persistent_volume_claim: Annotated[str, Field(pattern=_DNS_NAME, max_length=253)]
-    mount_path: Annotated[str, Field(pattern=r"^/.+")] = "/data"
+    persistent_volume_claim: Annotated[Name, Field(description="Name of a PVC in the CR's namespace.")]
+    mount_path: Annotated[
+        str,
+        Field(
+            pattern=r"^/.+",
+            max_length=MAX_LENGTH["path"],
+            description="Where the PVC is mounted in every pod; local-path URIs must lie under it.",
+        ),
+    ] = "/data"
 
 
 class Images(Model):
     """Per-resource image overrides; the operator's settings give the defaults."""
 
-    training: str | None = None
-    merge: str | None = None
+    training: Annotated[
+        Image | None, Field(description="Image of the training pods (default: the operator's workloads image).")
+    ] = None
+    merge: Annotated[
+        Image | None, Field(description="Image of the merge Job (default: the operator's workloads image).")
+    ] = None
 
 
 class Condition(Model):
     """A Kubernetes condition (the metav1.Condition shape)."""
 
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    last_transition_time: str | None = None
-    observed_generation: int | None = None
+    type: Annotated[
+        str, Field(max_length=MAX_LENGTH["conditionType"], description="What the condition is about, e.g. Ready.")
+    ]
+    status: Annotated[Literal["True", "False", "Unknown"], Field(description="True, False or Unknown.")]
+    reason: Annotated[
+        str, Field(max_length=MAX_LENGTH["reason"], description="A CamelCase word for the last transition.")
+    ]
+    message: Annotated[
+        str, Field(max_length=MAX_LENGTH["message"], description="Details of the last transition, for people.")
+    ] = ""
+    last_transition_time: Annotated[Timestamp | None, Field(description="When status last changed (RFC 3339).")] = None
+    observed_generation: Annotated[
+        int | None, Field(description="The metadata.generation the condition was set for.")
+    ] = None
+
+
+class ObservedStatus(Model):
+    """What both kinds' status says: the operator's last word, for people and for tools."""
+
+    message: Annotated[
+        str | None, Field(max_length=MAX_LENGTH["message"], description="What is happening now, for people.")
+    ] = None
+    observed_generation: Annotated[int | None, Field(description="The metadata.generation last reconciled.")] = None
+    conditions: Annotated[
+        list[Condition], Field(max_length=MAX_ITEMS["conditions"], description="Conditions, one per type.")
+    ] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------- evaluation and gate
@@ -125,11 +206,8 @@ class Evaluation(Model):
     Changing it starts a new run: the figures belong to the run that computed them."""
 
     uri: Annotated[
-        str | None,
-        Field(
-            pattern=_URI,
-            description="An eval JSONL in the dataset's format; unset: the rows held out by dataset.evalFraction.",
-        ),
+        Uri | None,
+        Field(description="An eval JSONL in the dataset's format; unset: the rows held out by dataset.evalFraction."),
     ] = None
     max_rows: Annotated[int, Field(ge=1, le=100000, description="Rows scored at most (bounds the cost).")] = 256
     max_new_tokens: Annotated[
@@ -143,25 +221,35 @@ class Evaluation(Model):
 class MetricFigure(Model):
     """One evaluation figure of a run, with the base model's on the same rows."""
 
-    name: Annotated[str, Field(description="evalLoss, perplexity, exactMatch, contains or regexMatch.")]
-    value: float
-    baseline: float | None = None
+    name: Annotated[
+        str,
+        Field(max_length=MAX_LENGTH["metric"], description="evalLoss, perplexity, exactMatch, contains or regexMatch."),
+    ]
+    value: Annotated[float, Field(description="The fine-tune's figure.")]
+    baseline: Annotated[float | None, Field(description="The base model's figure on the same rows.")] = None
     rows: Annotated[int, Field(description="Rows the figure was computed on.")]
 
 
 class RunEvaluation(Model):
-    run: Annotated[str, Field(description="The run that computed these figures.")]
-    summary: Annotated[str | None, Field(description="The headline figure, as `kubectl get` shows it.")] = None
-    metrics: list[MetricFigure] = Field(default_factory=list)
+    """The evaluation figures of one run."""
+
+    run: Annotated[StatusRun, Field(description="The run that computed these figures.")]
+    summary: Annotated[Text | None, Field(description="The headline figure, as `kubectl get` shows it.")] = None
+    metrics: Annotated[
+        list[MetricFigure], Field(max_length=MAX_ITEMS["metrics"], description="One figure per metric.")
+    ] = Field(default_factory=list)
 
 
 class FineTuneRun(Model):
     """A run whose merged output exists: what a GemmaServe can serve, roll back to, or gate."""
 
-    run: str
-    merged: str
-    completion_time: str | None = None
-    evaluation: list[MetricFigure] | None = None
+    run: Annotated[StatusRun, Field(description="Run id: a hash of the training inputs.")]
+    merged: Annotated[StatusUri, Field(description="The run's merged Hugging Face model directory.")]
+    completion_time: Annotated[Timestamp | None, Field(description="When the merge finished (RFC 3339).")] = None
+    evaluation: Annotated[
+        list[MetricFigure] | None,
+        Field(max_length=MAX_ITEMS["metrics"], description="The run's evaluation figures, if it was evaluated."),
+    ] = None
 
 
 class GateCondition(Model):
@@ -192,20 +280,15 @@ class GateCondition(Model):
 class ModelSource(Model):
     """The base weights: a Hugging Face-format checkpoint at a URI, or a Hugging Face repo."""
 
-    uri: Annotated[
-        str | None,
-        Field(pattern=_URI, description="gs:// prefix or path of an HF-format safetensors checkpoint."),
-    ] = None
+    uri: Annotated[Uri | None, Field(description="gs:// prefix or path of an HF-format safetensors checkpoint.")] = None
     hf_repo: Annotated[
-        str | None,
-        Field(
-            pattern=_HF_REPO,
-            description="Hugging Face repository id, e.g. google/gemma-4-31B-it.",
-        ),
+        HfRepo | None,
+        Field(description="Hugging Face repository id, e.g. google/gemma-4-31B-it (a Gemma 4 model)."),
     ] = None
-    hf_token_secret_ref: Annotated[SecretKeyRef | None, Field(description="Secret holding the Hugging Face token.")] = (
-        None
-    )
+    hf_token_secret_ref: Annotated[
+        SecretKeyRef | None,
+        Field(description="Secret holding the Hugging Face token (google/ Gemma repositories are gated)."),
+    ] = None
     preset: Annotated[
         Preset | None,
         Field(
@@ -227,7 +310,7 @@ class ModelSource(Model):
 class Dataset(Model):
     """Training data: JSONL, one example a line."""
 
-    uri: Annotated[str, Field(pattern=_URI, description="gs:// URI or path of a JSONL file.")]
+    uri: Annotated[Uri, Field(description="gs:// URI or path of a JSONL file.")]
     # The rest is the training contract's (gemma_workloads.config.DatasetConfig), declared there.
     format: config.DatasetFormatField
     max_seq_len: config.MaxSeqLen
@@ -247,8 +330,9 @@ class Lora(Model):
         list[LoraTarget],
         Field(
             min_length=1,
-            description="Projections to adapt. k_proj covers the global layers' keys too; on "
-            "sliding layers k_proj and v_proj are one fused projection, so list both or neither.",
+            max_length=MAX_ITEMS["targetModules"],
+            description="Projections to adapt, each once (default: all seven). k_proj covers the global layers' "
+            "keys too; on sliding layers k_proj and v_proj are one fused projection, so list both or neither.",
         ),
     ] = Field(default_factory=lambda: list(config.LORA_MODULES))
 
@@ -267,8 +351,10 @@ class Lora(Model):
 class Mesh(Model):
     """JAX device mesh: fsdp x tp must equal the slice's chip count."""
 
-    fsdp: Annotated[int, Field(ge=1)]
-    tp: Annotated[int, Field(ge=1)]
+    fsdp: Annotated[int, Field(ge=1, description="Devices the parameters and the batch are sharded over (FSDP).")]
+    tp: Annotated[
+        int, Field(ge=1, description="Tensor-parallel devices; must divide the attention and KV heads (at most 4).")
+    ]
 
 
 class Training(Model):
@@ -285,11 +371,20 @@ class Training(Model):
             "is the gradient accumulation. Default: the mesh's data-parallel size.",
         ),
     ] = None
-    learning_rate: Annotated[float, Field(gt=0, le=1.0)] = 1e-4
-    lr_schedule: LrSchedule = "cosine"
-    warmup_steps: Annotated[int, Field(ge=0)] = 0
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
-    seed: Annotated[int, Field(ge=0)] = 0
+    learning_rate: Annotated[
+        float, Field(gt=0, le=1.0, description="Peak learning rate of AdamW, reached after warmupSteps (0 < lr <= 1).")
+    ] = 1e-4
+    lr_schedule: Annotated[
+        LrSchedule,
+        Field(description="After warmup: cosine (decays to 0 at the last step), linear (decays to 0) or constant."),
+    ] = "cosine"
+    warmup_steps: Annotated[
+        int, Field(ge=0, description="Steps of linear warmup from 0 to learningRate; must be below steps.")
+    ] = 0
+    weight_decay: Annotated[float, Field(ge=0, description="AdamW's decoupled weight decay (0: none).")] = 0.0
+    seed: Annotated[
+        int, Field(ge=0, description="Seeds the data shuffle, the held-out split and the adapter's init.")
+    ] = 0
     checkpoint_every: Annotated[int, Field(ge=1, description="Steps between checkpoints.")] = 100
     keep_checkpoints: Annotated[int, Field(ge=1, description="Checkpoints kept.")] = 3
     log_every: Annotated[int, Field(ge=1, description="Steps between progress reports.")] = 10
@@ -311,21 +406,22 @@ class Training(Model):
 
 
 class Output(Model):
-    uri: Annotated[
-        str,
-        Field(pattern=_URI, description="Where checkpoints and the merged model are written."),
-    ]
+    """Where the run writes: runs/<run>/ holds the checkpoints and the merged model."""
+
+    uri: Annotated[Uri, Field(description="Where checkpoints and the merged model are written.")]
 
 
 class Merge(Model):
     """The merge of the LoRA adapter into full Hugging Face safetensors after training."""
 
-    enabled: bool = True
+    enabled: Annotated[bool, Field(description="Merge after training (false: keep the LoRA checkpoint only).")] = True
     dtype: Annotated[
         MergeDType | None,
         Field(description="dtype of the merged projections; unset: each keeps the base checkpoint's dtype."),
     ] = None
-    shard_size: Annotated[str, Field(pattern=_SIZE, description="Largest output shard, e.g. 5GB.")] = "5GB"
+    shard_size: Annotated[
+        str, Field(pattern=_SIZE, max_length=MAX_LENGTH["quantity"], description="Largest output shard, e.g. 5GB.")
+    ] = "5GB"
 
 
 class GemmaFineTuneSpec(Model):
@@ -340,7 +436,7 @@ class GemmaFineTuneSpec(Model):
     merge: Merge = Field(default_factory=Merge)
     suspend: Annotated[bool, Field(description="Stop (or hold) training; resume later.")] = False
     service_account_name: Annotated[
-        str | None, Field(pattern=_DNS_NAME, description="ServiceAccount of the workload pods.")
+        Name | None, Field(description="ServiceAccount of the workload pods (default: the operator's setting).")
     ] = None
     images: Images = Field(default_factory=Images)
     storage: Storage | None = None
@@ -363,47 +459,69 @@ class GemmaFineTuneSpec(Model):
 
 
 class Progress(Model):
-    step: int = 0
-    total_steps: int | None = None
-    loss: float | None = None
-    tokens_per_second: float | None = None
+    """Live training progress, read from the training pod's log."""
+
+    step: Annotated[int, Field(description="The last optimizer step reported.")] = 0
+    total_steps: Annotated[int | None, Field(description="Steps of the whole run.")] = None
+    loss: Annotated[float | None, Field(description="Training loss at that step.")] = None
+    tokens_per_second: Annotated[float | None, Field(description="Training throughput over the slice.")] = None
 
 
 class FineTuneOutputs(Model):
-    checkpoint: Annotated[str | None, Field(description="The final LoRA checkpoint (Orbax).")] = None
+    """What the current run has written."""
+
+    checkpoint: Annotated[StatusUri | None, Field(description="The final LoRA checkpoint (Orbax).")] = None
     step: Annotated[int | None, Field(description="The training step of that checkpoint.")] = None
-    merged: Annotated[str | None, Field(description="The merged Hugging Face model directory.")] = None
+    merged: Annotated[StatusUri | None, Field(description="The merged Hugging Face model directory.")] = None
 
 
 class FineTuneChildren(Model):
-    config_map: str | None = None
-    training: str | None = None
-    merge: str | None = None
+    """The names of the objects the operator created for the current run."""
+
+    config_map: Annotated[StatusName | None, Field(description="The workload config's ConfigMap.")] = None
+    training: Annotated[StatusName | None, Field(description="The training Job or JobSet.")] = None
+    merge: Annotated[StatusName | None, Field(description="The merge Job.")] = None
 
 
-class GemmaFineTuneStatus(Model):
-    phase: Literal["Pending", "Training", "Merging", "Succeeded", "Failed", "Suspended"] | None = None
-    message: str | None = None
-    observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    model: Annotated[str | None, Field(description="The base model, as planned.")] = None
-    topology: Annotated[str | None, Field(description="The slice, e.g. v5p 2x2x1.")] = None
-    run: Annotated[str | None, Field(description="Id of the current run: a hash of the training inputs.")] = None
-    attempt: int | None = None
-    children: FineTuneChildren | None = None
-    progress: Progress | None = None
-    outputs: FineTuneOutputs | None = None
-    start_time: str | None = None
-    completion_time: str | None = None
+class GemmaFineTuneStatus(ObservedStatus):
+    """What the operator observed of a GemmaFineTune."""
+
+    phase: Annotated[
+        Literal["Pending", "Training", "Merging", "Succeeded", "Failed", "Suspended"] | None,
+        Field(description="Where the fine-tune is in its life."),
+    ] = None
+    model: Annotated[Text | None, Field(description="The base model, as planned.")] = None
+    topology: Annotated[Text | None, Field(description="The slice, e.g. v5p 2x2x1.")] = None
+    run: Annotated[StatusRun | None, Field(description="Id of the current run: a hash of the training inputs.")] = None
+    attempt: Annotated[
+        int | None, Field(description="Attempt of the current run: grows when its workload is recreated.")
+    ] = None
+    children: Annotated[FineTuneChildren | None, Field(description="The current run's objects.")] = None
+    progress: Annotated[Progress | None, Field(description="Live training progress.")] = None
+    outputs: Annotated[FineTuneOutputs | None, Field(description="What the current run has written.")] = None
+    start_time: Annotated[Timestamp | None, Field(description="When training started (RFC 3339).")] = None
+    completion_time: Annotated[
+        Timestamp | None, Field(description="When the fine-tune succeeded or failed (RFC 3339).")
+    ] = None
     chip_hours: Annotated[float | None, Field(description="TPU chip-hours used by this run.")] = None
-    estimated_cost: Annotated[float | None, Field(description="chipHours at the list price.")] = None
-    accounted_at: Annotated[str | None, Field(description="When chipHours was last brought up to date.")] = None
-    restarts: int | None = None
-    preemptions: int | None = None
+    estimated_cost: Annotated[
+        float | None,
+        Field(
+            description="chipHours at the plan's price per chip-hour (settings; Spot rate on Spot where set), in dollars."
+        ),
+    ] = None
+    accounted_at: Annotated[Timestamp | None, Field(description="When chipHours was last brought up to date.")] = None
+    restarts: Annotated[int | None, Field(description="Pod failures counted against spec.backoffLimit.")] = None
+    preemptions: Annotated[
+        int | None, Field(description="Preemptions survived (resumed from a checkpoint, not counted as failures).")
+    ] = None
     evaluation: Annotated[RunEvaluation | None, Field(description="The current run's evaluation figures.")] = None
     runs: Annotated[
         list[FineTuneRun],
-        Field(description="Runs whose merged output exists, newest first (bounded): what a GemmaServe can pin."),
+        Field(
+            max_length=MAX_ITEMS["runs"],
+            description="Runs whose merged output exists, newest first (bounded): what a GemmaServe can pin.",
+        ),
     ] = Field(default_factory=list)
 
 
@@ -411,11 +529,12 @@ class GemmaFineTuneStatus(Model):
 
 
 class FineTuneRef(Model):
-    name: Annotated[str, Field(pattern=_DNS_NAME, max_length=253)]
+    """A GemmaFineTune in the same namespace whose merged output is served."""
+
+    name: Annotated[Name, Field(description="Name of the GemmaFineTune.")]
     run: Annotated[
-        str | None,
+        RunId | None,
         Field(
-            pattern=r"^[0-9a-f]{6,64}$",
             description="Serve this run's merged output (one of the fine-tune's "
             "status.runs) instead of the newest: a rollback is this one field.",
         ),
@@ -425,14 +544,27 @@ class FineTuneRef(Model):
 class ServeModel(Model):
     """What to serve: the merged output of a GemmaFineTune, a URI, or a Hugging Face repo."""
 
-    fine_tune_ref: FineTuneRef | None = None
-    uri: Annotated[str | None, Field(pattern=_URI)] = None
-    hf_repo: Annotated[str | None, Field(pattern=_HF_REPO)] = None
-    hf_token_secret_ref: SecretKeyRef | None = None
-    preset: Preset | None = None
+    fine_tune_ref: Annotated[
+        FineTuneRef | None,
+        Field(description="Serve a GemmaFineTune's merged output; the server waits until it exists."),
+    ] = None
+    uri: Annotated[Uri | None, Field(description="gs:// prefix or path of a Hugging Face-format model directory.")] = (
+        None
+    )
+    hf_repo: Annotated[HfRepo | None, Field(description="Hugging Face repository id, e.g. google/gemma-4-31B-it.")] = (
+        None
+    )
+    hf_token_secret_ref: Annotated[
+        SecretKeyRef | None,
+        Field(description="Secret holding the Hugging Face token (google/ Gemma repositories are gated)."),
+    ] = None
+    preset: Annotated[
+        Preset | None,
+        Field(description="Model size used for planning (HBM fit, start-up budget); inferred from a known hfRepo."),
+    ] = None
     served_name: Annotated[
         str | None,
-        Field(max_length=253, description="Model name in the OpenAI API (default: the CR name)."),
+        Field(max_length=MAX_LENGTH["name"], description="Model name in the OpenAI API (default: the CR name)."),
     ] = None
 
     @model_validator(mode="after")
@@ -446,19 +578,45 @@ class ServeModel(Model):
 
 
 class VLLM(Model):
-    image: str | None = None
-    max_model_len: Annotated[int, Field(ge=16, le=262144)] = 4096
-    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] = 64
-    max_num_batched_tokens: Annotated[int | None, Field(ge=16)] = None
-    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
+    """The vLLM server's settings (vLLM's flags of the same names)."""
+
+    image: Annotated[
+        Image | None,
+        Field(description="vLLM image (default: the operator's vLLM-TPU image, or its CPU image on accelerator cpu)."),
+    ] = None
+    max_model_len: Annotated[
+        int,
+        Field(ge=16, le=262144, description="--max-model-len: tokens per sequence, prompt and answer together."),
+    ] = 4096
+    max_num_seqs: Annotated[
+        int, Field(ge=1, le=4096, description="--max-num-seqs: sequences decoded together per replica.")
+    ] = 64
+    max_num_batched_tokens: Annotated[
+        int | None,
+        Field(ge=16, description="--max-num-batched-tokens: tokens per scheduler step; unset: vLLM's default."),
+    ] = None
+    gpu_memory_utilization: Annotated[
+        float,
+        Field(
+            gt=0.0,
+            le=1.0,
+            description="--gpu-memory-utilization: share of each chip's HBM vLLM may use (on TPU too), in (0, 1].",
+        ),
+    ] = 0.9
     dtype: Annotated[
         Literal["bfloat16", "float16", "float32"],
         Field(description="Serving dtype on the cpu profile (TPU serves the checkpoint's dtype)."),
     ] = "bfloat16"
     extra_args: Annotated[
-        list[str], Field(description="More vLLM flags; the model, name, host, port and API key are the operator's.")
+        list[Annotated[str, Field(max_length=MAX_LENGTH["flag"])]],
+        Field(
+            max_length=MAX_ITEMS["extraArgs"],
+            description="More vLLM flags; the model, name, host, port and API key are the operator's.",
+        ),
     ] = Field(default_factory=list)
-    api_key_secret_ref: SecretKeyRef | None = None
+    api_key_secret_ref: Annotated[
+        SecretKeyRef | None, Field(description="Secret holding the API key clients must send (--api-key).")
+    ] = None
 
     @field_validator("extra_args")
     @classmethod
@@ -471,8 +629,11 @@ class CompilationCache(Model):
     """Where the XLA compilation cache persists across restarts and replicas (VLLM_XLA_CACHE_PATH).
     Without it every restart compiles again (about 8 minutes for 31B on v6e-8)."""
 
-    uri: Annotated[str | None, Field(pattern=r"^gs://.+", description="gs:// prefix, mounted read-write.")] = None
-    pvc: Annotated[str | None, Field(pattern=_DNS_NAME, max_length=253, description="A ReadWriteMany PVC.")] = None
+    uri: Annotated[
+        str | None,
+        Field(pattern=r"^gs://.+", max_length=MAX_LENGTH["uri"], description="gs:// prefix, mounted read-write."),
+    ] = None
+    pvc: Annotated[Name | None, Field(description="A ReadWriteMany PVC.")] = None
 
     @model_validator(mode="after")
     def _one_place(self) -> CompilationCache:
@@ -485,28 +646,33 @@ class GcsFuse(Model):
     """Cloud Storage FUSE settings for gs:// models (the CSI driver's sidecar and caches)."""
 
     file_cache_capacity: Annotated[
-        str, Field(description="fileCacheCapacity of the volume; -1: as large as the cache volume.")
+        Quantity, Field(description="fileCacheCapacity of the volume; -1: as large as the cache volume.")
     ] = "-1"
     cache_medium: Annotated[
         Literal["Memory", "Disk"], Field(description="Where the file cache lives (Memory: fastest loads).")
     ] = "Memory"
-    sidecar_cpu_limit: Annotated[str, Field(description='gke-gcsfuse/cpu-limit; "0": no limit.')] = "0"
-    sidecar_memory_limit: Annotated[str, Field(description='gke-gcsfuse/memory-limit; "0": no limit.')] = "0"
+    sidecar_cpu_limit: Annotated[Quantity, Field(description='gke-gcsfuse/cpu-limit; "0": no limit.')] = "0"
+    sidecar_memory_limit: Annotated[Quantity, Field(description='gke-gcsfuse/memory-limit; "0": no limit.')] = "0"
     sidecar_ephemeral_storage_limit: Annotated[
-        str, Field(description='gke-gcsfuse/ephemeral-storage-limit; "0": no limit.')
+        Quantity, Field(description='gke-gcsfuse/ephemeral-storage-limit; "0": no limit.')
     ] = "0"
-    mount_options: Annotated[list[str], Field(description="More gcsfuse mount options.")] = Field(default_factory=list)
+    mount_options: Annotated[
+        list[Annotated[str, Field(max_length=MAX_LENGTH["flag"])]],
+        Field(max_length=MAX_ITEMS["mountOptions"], description="More gcsfuse mount options."),
+    ] = Field(default_factory=list)
 
 
 class Rollout(Model):
     """How new pods replace old ones. The default needs no spare TPU capacity."""
 
     max_surge: Annotated[int, Field(ge=0, description="Extra pods during a rollout (each needs a TPU slice).")] = 0
-    max_unavailable: Annotated[int, Field(ge=0)] = 1
+    max_unavailable: Annotated[
+        int, Field(ge=0, description="Pods that may be down during a rollout (frees a slice for the new one).")
+    ] = 1
     gate: Annotated[
         list[GateCondition],
         Field(
-            max_length=16,
+            max_length=MAX_ITEMS["gate"],
             description="Conditions on a fine-tune run's evaluation: a run that fails one is not rolled out "
             "and the output already served keeps serving. Empty: every new output rolls out.",
         ),
@@ -522,11 +688,13 @@ class Rollout(Model):
 class Autoscaling(Model):
     """A HorizontalPodAutoscaler on a per-pod vLLM metric, served by a custom-metrics adapter."""
 
-    min_replicas: Annotated[int, Field(ge=1)] = 1
-    max_replicas: Annotated[int, Field(ge=1, le=1000)]
-    metric: Annotated[str, Field(description="Pods metric name as the metrics adapter exposes it.")] = (
-        "vllm:num_requests_waiting"
-    )
+    min_replicas: Annotated[int, Field(ge=1, description="Fewest replicas (each holds a TPU slice).")] = 1
+    max_replicas: Annotated[
+        int, Field(ge=1, le=1000, description="Most replicas: the plan prices the service at this many.")
+    ]
+    metric: Annotated[
+        str, Field(max_length=MAX_LENGTH["metric"], description="Pods metric name as the metrics adapter exposes it.")
+    ] = "vllm:num_requests_waiting"
     target_average_value: Annotated[float, Field(gt=0, description="Target of the metric per pod.")] = 5.0
 
     @model_validator(mode="after")
@@ -537,6 +705,8 @@ class Autoscaling(Model):
 
 
 class Metrics(Model):
+    """Scrape objects for vLLM's Prometheus metrics."""
+
     pod_monitor: Annotated[
         bool, Field(description="Create a PodMonitor (prometheus-operator) for vLLM's /metrics.")
     ] = False
@@ -561,7 +731,9 @@ class GemmaServeSpec(Model):
     autoscaling: Autoscaling | None = None
     metrics: Metrics = Field(default_factory=Metrics)
     gcs_fuse: GcsFuse = Field(default_factory=GcsFuse)
-    service_account_name: Annotated[str | None, Field(pattern=_DNS_NAME)] = None
+    service_account_name: Annotated[
+        Name | None, Field(description="ServiceAccount of the vLLM pods (default: the operator's setting).")
+    ] = None
     storage: Storage | None = None
 
     @model_validator(mode="after")
@@ -573,24 +745,33 @@ class GemmaServeSpec(Model):
         return self
 
 
-class GemmaServeStatus(Model):
-    phase: Literal["Pending", "WaitingForModel", "Deploying", "Ready", "Failed"] | None = None
-    message: str | None = None
-    observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    model_uri: str | None = None
-    served_model_name: str | None = None
-    revision: str | None = None
-    replicas: int | None = None
-    ready_replicas: int | None = None
-    updated_replicas: int | None = None
-    endpoint: str | None = None
-    run: Annotated[str | None, Field(description="The fine-tune run whose output is served.")] = None
+class GemmaServeStatus(ObservedStatus):
+    """What the operator observed of a GemmaServe."""
+
+    phase: Annotated[
+        Literal["Pending", "WaitingForModel", "Deploying", "Ready", "Failed"] | None,
+        Field(description="Where the service is in its life."),
+    ] = None
+    model_uri: Annotated[
+        str | None, Field(max_length=MAX_LENGTH["uri"], description="The model served (gs://, path or hf://).")
+    ] = None
+    served_model_name: Annotated[
+        str | None, Field(max_length=MAX_LENGTH["name"], description="The model's name in the OpenAI API.")
+    ] = None
+    revision: Annotated[
+        Text | None, Field(description="Hash of the model and pod settings: changes when pods are replaced.")
+    ] = None
+    replicas: Annotated[int | None, Field(description="Replicas asked of the workload.")] = None
+    ready_replicas: Annotated[int | None, Field(description="Replicas serving.")] = None
+    updated_replicas: Annotated[int | None, Field(description="Replicas at the current revision.")] = None
+    endpoint: Annotated[Text | None, Field(description="The OpenAI-compatible base URL inside the cluster.")] = None
+    run: Annotated[StatusRun | None, Field(description="The fine-tune run whose output is served.")] = None
     passed_runs: Annotated[
-        list[str],
+        list[StatusRun],
         Field(
+            max_length=MAX_ITEMS["passedRuns"],
             description="The fine-tune's runs that pass rollout.gate (all of them without a gate), newest "
-            "first: set model.fineTuneRef.run to one of them to roll back."
+            "first: set model.fineTuneRef.run to one of them to roll back.",
         ),
     ] = Field(default_factory=list)
 

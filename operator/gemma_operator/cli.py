@@ -1,7 +1,9 @@
 """`gemma-tpu`: run the operator, or show what it would do without a cluster.
 
 render  every object the operator would create for the CRs in a file (exit 2 on a bad spec)
-plan    the derived plan: slice, mesh, HBM fit, duration and cost (exit 2 when it cannot fit)
+plan    the derived plan: slice, mesh, HBM fit, duration and cost (exit 2 when it cannot fit or the
+        API server would refuse it); a CI gate over a GitOps folder or `kustomize build` output:
+        the objects of other API groups are skipped, one line each on stderr
 crds    the CustomResourceDefinitions
 operator  run the controller (kopf) against the current cluster
 dev     the whole pipeline on this machine (what `make demo` runs; the package gemma_devcluster)
@@ -12,13 +14,16 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import TypeAdapter
 
-from gemma_operator import api, crd, plan_text
+from gemma_operator import api, crd, crd_validation, plan_text
 from gemma_operator.children import merge_objects, serving_objects, training_objects
 from gemma_operator.plan import SpecError, plan_finetune, plan_serve
 from gemma_operator.settings import load_settings
@@ -54,8 +59,21 @@ def dump_all(objects: list[dict]) -> str:
     return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 
-def _load_crs(paths: list[str]) -> list[dict[str, Any]]:
-    """Every document of the given files, directories (their *.yaml, *.yml) or stdin ('-')."""
+class _KubeLoader(yaml.SafeLoader):
+    """YAML read as kubectl reads it: `2e-4` is a number (YAML 1.2's float), where PyYAML's YAML 1.1
+    rules make it the string "2e-4". The schema check would otherwise refuse what the API server takes."""
+
+
+_KubeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)
+
+
+def _load_crs(paths: list[str]) -> list[Any]:
+    """Every document of the given files, directories (their *.yaml, *.yml) or stdin ('-'), with the
+    items of a `kind: List` (what `kubectl get -o yaml` writes) as documents of their own."""
     docs = []
     for path in paths:
         if path == "-":
@@ -64,25 +82,61 @@ def _load_crs(paths: list[str]) -> list[dict[str, Any]]:
             texts = [f.read_text() for f in sorted(Path(path).iterdir()) if f.suffix in (".yaml", ".yml")]
         else:
             texts = [Path(path).read_text()]
-        docs += [doc for text in texts for doc in yaml.safe_load_all(text) if doc]
+        for doc in (doc for text in texts for doc in yaml.load_all(text, Loader=_KubeLoader) if doc):
+            is_list = isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list)
+            docs += doc["items"] if is_list else [doc]
     return docs
 
 
-def _identify(doc: dict) -> tuple[str, str, str]:
+def ours(docs: list[Any]) -> tuple[list[Any], list[str]]:
+    """(the documents of this API group, one line for each other object): a GitOps folder also holds
+    ServiceAccounts, Secrets and a Kustomization, which are none of the gate's business."""
+    mine, skipped = [], []
+    for doc in docs:
+        api_version = str(doc.get("apiVersion") or "") if isinstance(doc, dict) else ""
+        if not api_version or api_version.split("/")[0] == api.GROUP:
+            mine.append(doc)  # ours, or not an object at all: _identify names what is wrong
+            continue
+        meta = doc.get("metadata") or {}
+        where = "/".join(x for x in (meta.get("namespace"), meta.get("name")) if x) or "(no name)"
+        skipped.append(f"skipped {api_version} {doc.get('kind') or '?'} {where}: not a {api.GROUP} object")
+    return mine, skipped
+
+
+# An object's name: an RFC 1123 subdomain (the API server's ValidateObjectMeta for custom resources).
+NAME_SCHEMA = TypeAdapter(api.Name).json_schema()
+
+
+def _identify(doc: Any) -> tuple[str, str, str]:
     """(kind, name, namespace) of a CR, or SpecError naming what is missing."""
+    if not isinstance(doc, dict):
+        raise SpecError([f"{str(doc)[:40]!r}: not a Kubernetes object"])
     kind, meta = doc.get("kind"), doc.get("metadata") or {}
     problems = []
     if doc.get("apiVersion") != api.API_VERSION or kind not in api.KINDS:
-        problems.append(f"{kind or '?'}: not a {api.API_VERSION} GemmaFineTune or GemmaServe")
-    if not meta.get("name"):
+        problems.append(
+            f"{doc.get('apiVersion') or '?'} {kind or '?'}: not a {api.API_VERSION} GemmaFineTune or GemmaServe"
+        )
+    name = meta.get("name")
+    if not name:
         problems.append(f"{kind or '?'}: metadata.name is required")
+    else:
+        problems += [f"{kind or '?'}/{name}: {m}" for m in crd_validation.problems(name, NAME_SCHEMA, "metadata.name")]
     if problems:
         raise SpecError(problems)
-    return kind, meta["name"], meta.get("namespace") or "default"
+    return kind, name, meta.get("namespace") or "default"
 
 
-def plan_documents(docs: list[dict], settings) -> tuple[list[tuple[str, Any]], list[str]]:
-    """Plan every CR of a file; a GemmaServe's fineTuneRef resolves to a fine-tune of the same file."""
+UNKNOWN_FINE_TUNE = (
+    "spec.model.fineTuneRef: GemmaFineTune {name!r} is not in the input, so its output is unknown: planned "
+    "without it (the model served is known once that fine-tune succeeds; the HBM fit is checked only with "
+    "spec.model.preset)"
+)
+
+
+def plan_documents(docs: list[Any], settings) -> tuple[list[tuple[str, Any]], list[str]]:
+    """Plan every CR, each first checked against its CRD schema as the API server would; a
+    GemmaServe's fineTuneRef resolves to a fine-tune of the same input, else is planned unknown."""
     plans: list[tuple[str, Any]] = []
     problems: list[str] = []
     finetunes: dict[tuple[str, str], Any] = {}
@@ -93,10 +147,13 @@ def plan_documents(docs: list[dict], settings) -> tuple[list[tuple[str, Any]], l
         except SpecError as e:
             problems += e.problems
             continue
+        if refused := crd_validation.spec_problems(kind, doc.get("spec")):
+            problems += [f"{kind}/{name}: {m}" for m in refused]
+            continue
         labels = (doc.get("metadata") or {}).get("labels") or {}
         if kind == api.FINETUNE.kind:
             try:
-                p = plan_finetune(name, namespace, doc.get("spec"), settings, labels)
+                p = plan_finetune(name, namespace, doc["spec"], settings, labels)
                 finetunes[(namespace, name)] = p
                 plans.append((kind, p))
             except SpecError as e:
@@ -104,34 +161,24 @@ def plan_documents(docs: list[dict], settings) -> tuple[list[tuple[str, Any]], l
         else:
             serves.append((name, namespace, doc, labels))
     for name, namespace, doc, labels in serves:
+        ref = doc["spec"].get("model", {}).get("fineTuneRef")
+        ft = finetunes.get((namespace, ref.get("name"))) if ref else None
         try:
-            ref = ((doc.get("spec") or {}).get("model") or {}).get("fineTuneRef")
-            uri, preset = None, None
-            if ref:
-                ft = finetunes.get((namespace, ref.get("name")))
-                if ft is None:
-                    raise SpecError(
-                        [
-                            f"spec.model.fineTuneRef: GemmaFineTune {ref.get('name')!r} is not in this file, so its output is unknown"
-                        ]
-                    )
-                uri, preset = ft.merged_dir, ft.preset
-            plans.append(
-                (
-                    "GemmaServe",
-                    plan_serve(
-                        name,
-                        namespace,
-                        doc.get("spec"),
-                        settings,
-                        model_uri=uri,
-                        fine_tune_preset=preset,
-                        labels=labels,
-                    ),
-                )
+            p = plan_serve(
+                name,
+                namespace,
+                doc["spec"],
+                settings,
+                model_uri=ft.merged_dir if ft else None,
+                fine_tune_preset=ft.preset if ft else None,
+                labels=labels,
             )
         except SpecError as e:
             problems += [f"GemmaServe/{name}: {m}" for m in e.problems]
+            continue
+        if ref and ft is None:
+            p = replace(p, warnings=(UNKNOWN_FINE_TUNE.format(name=ref.get("name")), *p.warnings))
+        plans.append(("GemmaServe", p))
     return plans, problems
 
 
@@ -142,11 +189,14 @@ def _fail(problems: list[str]) -> int:
 
 
 def _plan_files(args: argparse.Namespace) -> tuple[list[tuple[str, Any]], Any, list[str]]:
-    """(plans, settings, problems) for the files named on the command line."""
+    """(plans, settings, problems) for the files named on the command line; the objects of other
+    API groups are skipped, one line each on stderr."""
     try:
-        docs = _load_crs(args.file)
+        docs, skipped = ours(_load_crs(args.file))
     except (OSError, yaml.YAMLError) as e:
         return [], None, [f"{' '.join(args.file)}: {e}"]
+    for line in skipped:
+        print(line, file=sys.stderr)
     settings = load_settings(args.settings)
     plans, problems = plan_documents(docs, settings)
     return plans, settings, problems
@@ -158,6 +208,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         return _fail(problems)
     objects: list[dict] = []
     for kind, p in plans:
+        for warning in p.warnings:
+            print(f"{kind}/{p.name}: warning: {warning}", file=sys.stderr)
         if kind == api.FINETUNE.kind:
             objects += merge_objects(p, settings) if args.phase == "merge" else training_objects(p, settings)
         elif args.phase != "merge":
@@ -233,7 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("plan", help="print the derived plan, refuse specs that cannot fit")
-    p.add_argument("-f", "--file", required=True, action="append", help="file or directory of CRs; repeatable")
+    p.add_argument(
+        "-f", "--file", required=True, action="append", help="file or directory of CRs ('-': stdin); repeatable"
+    )
     p.add_argument("--settings")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
     p.set_defaults(func=cmd_plan)

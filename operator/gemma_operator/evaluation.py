@@ -12,13 +12,14 @@ import json
 import math
 from typing import Any
 
+from gemma_operator import api
 from gemma_workloads.config import MetricResult, TrainResult
 
 # The headline of `kubectl get gft`: the one figure every evaluation has (each row has answer
 # tokens; the match rates need rows with an expected answer), continuous (a small gain shows),
 # and with the base model's value beside it, it says at a glance whether the fine-tune helped.
 HEADLINE = "evalLoss"
-MAX_RUNS = 10  # runs kept in status.runs: enough to roll back, small enough for the status
+MAX_RUNS = api.MAX_ITEMS["runs"]  # runs kept in status.runs (the CRD bounds the list)
 
 
 class TrainResultReader:

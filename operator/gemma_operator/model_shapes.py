@@ -173,6 +173,13 @@ _REPO_PRESETS = [
 ]
 
 
+# The repository names infer_preset knows, as a user would write them.
+KNOWN_REPO_NAMES = ("gemma-4-31B", "gemma-4-26B-A4B", "gemma-4-E4B", "gemma-4-E2B")
+# Hugging Face owners whose Gemma repositories are gated: a download needs the token of an account
+# that accepted the licence on the model's page.
+GATED_HF_OWNERS = frozenset({"google"})
+
+
 def infer_preset(hf_repo: str | None) -> str | None:
     """The preset of a known Hugging Face repo id (google/gemma-4-31B-it -> gemma4-31b)."""
     if not hf_repo:

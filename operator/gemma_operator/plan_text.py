@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gemma_operator import fit, host, rollout_gate
+from gemma_operator import fit, host, pricing, rollout_gate
 from gemma_operator.children import merge, model_delivery, serving, training
 from gemma_operator.plan import FineTunePlan, ServePlan
 from gemma_operator.plan import evaluation as evaluation_plan
@@ -80,6 +80,47 @@ def _staging_text(s: dict[str, Any]) -> str:
     return f"{s['size']} on {where[s['volume']]} at {s['path']}{disk}"
 
 
+def _price(price: pricing.Price | None) -> dict[str, Any] | None:
+    if price is None:
+        return None
+    return {
+        "perChipHour": price.per_chip_hour,
+        "basis": price.basis,
+        "source": price.source,
+        "spotPricedOnDemand": price.spot_priced_on_demand,
+    }
+
+
+def _serving_cost(c: pricing.ServingCost | None) -> dict[str, Any] | None:
+    """Per replica per hour and per 30 days, and the service's at each replica count it runs at."""
+    if c is None:
+        return None
+    return {
+        "price": _price(c.price),
+        "chipsPerReplica": c.chips,
+        "perReplicaHour": round(c.per_replica_hour, 2),
+        "perReplica30Days": round(c.per_30_days(1), 2),
+        "at": {
+            field: {"replicas": n, "hour": round(c.hourly(n), 2), "30Days": round(c.per_30_days(n), 2)}
+            for field, n in c.replicas.items()
+        },
+    }
+
+
+def _serving_cost_text(d: dict[str, Any] | None, price: pricing.Price | None) -> list[str]:
+    if d is None or price is None:
+        return ["  cost:          no TPU (the cpu profile is not priced)"]
+    at = "; ".join(
+        f"at {field} {a['replicas']}: ${a['hour']:,.2f}/h, ${a['30Days']:,.2f} per 30 days"
+        for field, a in d["at"].items()
+    )
+    return [
+        f"  cost:          ${d['perReplicaHour']:,.2f}/h and ${d['perReplica30Days']:,.2f} per 30 days per replica "
+        f"({d['chipsPerReplica']} chips); {at}",
+        f"  price:         {price.describe()}",
+    ]
+
+
 def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:
     if isinstance(p, ServePlan):
         return {
@@ -97,6 +138,8 @@ def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:
             "download": _staging(p.staging),
             **model_delivery.describe(p),
             "rolloutGate": [g.model_dump(mode="json", by_alias=True, exclude_none=True) for g in p.spec.rollout.gate],
+            "cost": _serving_cost(p.cost),
+            "warnings": list(p.warnings),
         }
     est = p.estimate
     return {
@@ -118,6 +161,7 @@ def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:
         "mergeJob": merge.name(p) if p.spec.merge.enabled else None,
         "mergeMemoryGiB": p.merge_memory_gib,
         "pricePerChipHour": p.price_per_chip_hour,
+        "price": _price(p.price),
         "estimate": None
         if est is None
         else {
@@ -128,6 +172,7 @@ def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:
             "cost": round(est.cost, 2),
         },
         "evaluation": evaluation_plan.describe(p.spec.evaluation, p.evaluation),
+        "warnings": list(p.warnings),
     }
 
 
@@ -144,7 +189,7 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
         lines = [
             f"GemmaServe {d['name']} (namespace {d['namespace']})",
             f"  slice:         {where}",
-            f"  model:         {d['modelUri']} served as {d['servedModelName']!r}",
+            f"  model:         {d['modelUri'] or _awaited(p)} served as {d['servedModelName']!r}",
             f"  vLLM:          tensor parallel {d['tensorParallel']}, image {d['image']}",
             f"  HBM per chip:  {hbm}",
             f"  startup:       up to {d['startupBudgetSeconds'] // 60} min for loading and XLA compilation",
@@ -152,6 +197,8 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
             *([f"  rollout gate:  {rollout_gate.describe(p.spec.rollout.gate)}"] if p.spec.model.fine_tune_ref else []),
             f"  compile cache: {d['compileCache'] or 'none (every restart compiles again)'}",
             *([f"  download:      {_staging_text(d['download'])}"] if d["download"] else []),
+            *_serving_cost_text(d["cost"], p.cost and p.cost.price),
+            *_warnings_text(d["warnings"]),
         ]
         return "\n".join(lines)
     est = d["estimate"]
@@ -160,7 +207,7 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
         if est is None
         else (
             f"{est['steps']} steps, {est['tokens'] / 1e6:.1f} M tokens, {est['hours']:.1f} h, "
-            f"{est['chipHours']:.1f} chip-hours, ${est['cost']:.2f} at ${d['pricePerChipHour']:.2f}/chip-hour"
+            f"{est['chipHours']:.1f} chip-hours, ${est['cost']:.2f}"
         )
     )
     lines = [
@@ -174,6 +221,7 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
         *_host_text(d["host"]),
         f"  run:           {d['run']} -> {d['runDir']}",
         f"  estimate:      {estimate}",
+        *([f"  price:         {p.price.describe()}"] if p.price and p.placement.slice else []),
         *(
             [f"  evaluation:    {evaluation_plan.text(d['evaluation'], d['pricePerChipHour'])}"]
             if d["evaluation"]
@@ -181,5 +229,15 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
         ),
         "  merge:         "
         + (f"Job {d['mergeJob']} ({d['mergeMemoryGiB']} GiB) -> {d['mergedDir']}" if d["mergeJob"] else "disabled"),
+        *_warnings_text(d["warnings"]),
     ]
     return "\n".join(lines)
+
+
+def _awaited(p: ServePlan) -> str:
+    ref = p.spec.model.fine_tune_ref
+    return f"the merged output of GemmaFineTune {ref.name} (unknown until it succeeds)" if ref else "unknown"
+
+
+def _warnings_text(warnings: list[str]) -> list[str]:
+    return [f"  warning:       {w}" for w in warnings]

@@ -107,7 +107,13 @@ class OperatorSettings(_Settings):
     training_host: TrainingHost = Field(default_factory=TrainingHost)
     prices_per_chip_hour: dict[str, float] = Field(
         default_factory=lambda: dict(DEFAULT_PRICE_PER_CHIP_HOUR),
-        description="List price per chip-hour by generation, for the cost estimate and status.",
+        description="On-demand price per chip-hour by generation, for the cost estimate and status.",
+    )
+    spot_prices_per_chip_hour: dict[str, float] = Field(
+        # None built in: the seed paper quotes no Spot rate. Set them from the TPU price list for your region.
+        default_factory=dict,
+        description="Spot price per chip-hour by generation; without one, Spot work is priced on demand "
+        "(and the plan says so).",
     )
     hbm_usable_fraction: Annotated[
         float, Field(gt=0, le=1, description="Share of HBM the pre-flight check may plan for.")

@@ -98,8 +98,8 @@ def test_bad_input_exits_2_with_one_line_per_problem_and_nothing_on_stdout(tmp_p
     assert cli.main_exit([command, "-f", path]) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err.splitlines() == [
-        "GemmaFineTune/x: spec.lora.rank: Input should be greater than or equal to 1",
+    assert err.splitlines() == [  # the CRD schema's refusals, as the API server would refuse them
+        "GemmaFineTune/x: spec.lora.rank: 0 must be at least 1",
         "GemmaFineTune/x: spec.trainng: unknown field",
     ]
 
@@ -114,13 +114,16 @@ def test_bad_input_exits_2_with_one_line_per_problem_and_nothing_on_stdout(tmp_p
     assert "spec.model.uri: /models/m is a local path" in err.splitlines()[1]
 
 
-def test_unreadable_and_foreign_documents_are_refused(tmp_path, capsys):
+def test_unreadable_and_malformed_documents_are_refused(tmp_path, capsys):
     assert cli.main_exit(["render", "-f", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml" in capsys.readouterr().err
-    path = tmp_path / "pod.yaml"
-    path.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n")
+    path = tmp_path / "cr.yaml"
+    path.write_text("apiVersion: gemma-tpu.dev/v1beta1\nkind: GemmaFineTune\nmetadata: {name: p}\n---\njust text\n")
     assert cli.main_exit(["render", "-f", str(path)]) == 2
-    assert "Pod: not a gemma-tpu.dev/v1alpha1 GemmaFineTune or GemmaServe" in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines() == [
+        "gemma-tpu.dev/v1beta1 GemmaFineTune: not a gemma-tpu.dev/v1alpha1 GemmaFineTune or GemmaServe",
+        "'just text': not a Kubernetes object",
+    ]
 
 
 def test_plan_refuses_what_cannot_fit(tmp_path, capsys):

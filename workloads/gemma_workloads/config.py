@@ -57,9 +57,15 @@ EvalFraction = Annotated[
 SkipInvalid = Annotated[
     bool, Field(default=False, description="Skip malformed lines (and report how many) instead of failing.")
 ]
-LoraRank = Annotated[int, Field(default=16, ge=1, le=1024)]
-LoraAlpha = Annotated[float, Field(default=32.0, gt=0)]
-LoraDropout = Annotated[float, Field(default=0.0, ge=0.0, lt=1.0)]
+LoraRank = Annotated[
+    int, Field(default=16, ge=1, le=1024, description="LoRA rank: the adapter's inner dimension (1-1024).")
+]
+LoraAlpha = Annotated[
+    float, Field(default=32.0, gt=0, description="LoRA alpha: the adapter's update is scaled by alpha/rank.")
+]
+LoraDropout = Annotated[
+    float, Field(default=0.0, ge=0.0, lt=1.0, description="Dropout on the adapter's input during training, in [0, 1).")
+]
 
 
 # How the backward pass treats each decoder layer (gemma_workloads.training.remat; chosen by the operator

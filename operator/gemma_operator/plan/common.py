@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from gemma_operator import api, tpu
+from gemma_operator.model_shapes import GATED_HF_OWNERS, KNOWN_REPO_NAMES, infer_preset
 from gemma_operator.settings import OperatorSettings
 
 
@@ -120,3 +121,25 @@ def check_paths(uris: dict[str, str | None], storage: api.Storage | None, accele
                 "can reach it, or use a gs:// URI"
             )
     return problems
+
+
+def hf_source_checks(
+    hf_repo: str | None, preset: str | None, token_ref: api.SecretKeyRef | None
+) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of a Hugging Face model source that the spec already shows: the pod's
+    pre-flight refuses a model that is not Gemma 4, and a gated repository refuses a download without
+    a token. A repo the catalogue does not know passes only with its preset stated."""
+    if not hf_repo:
+        return [], []
+    problems, warnings = [], []
+    if preset is None and infer_preset(hf_repo) is None:
+        problems.append(
+            f"spec.model.hfRepo: {hf_repo} is not a Gemma 4 model this operator knows "
+            f"({', '.join(KNOWN_REPO_NAMES)}); if it is a Gemma 4 checkpoint, state its size in spec.model.preset"
+        )
+    if token_ref is None and hf_repo.split("/", 1)[0] in GATED_HF_OWNERS:
+        warnings.append(
+            f"spec.model.hfTokenSecretRef: not set, but {hf_repo} is a gated repository: the download is "
+            "refused without the token of an account that accepted its licence"
+        )
+    return problems, warnings

@@ -12,10 +12,19 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gemma_operator import api, fit, host, mounts, tpu
+from gemma_operator import api, fit, host, mounts, pricing, tpu
 from gemma_operator.model_shapes import PRESETS, ModelShape, infer_preset
 from gemma_operator.plan import evaluation
-from gemma_operator.plan.common import Placement, SpecError, check_paths, digest, grace_seconds, parse, placement
+from gemma_operator.plan.common import (
+    Placement,
+    SpecError,
+    check_paths,
+    digest,
+    grace_seconds,
+    hf_source_checks,
+    parse,
+    placement,
+)
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import DatasetConfig, LoraConfig, MergeConfig, MeshConfig, TrainConfig, join, run_dir
 
@@ -58,6 +67,8 @@ class FineTunePlan:
     price_per_chip_hour: float
     host: host.HostPlan | None = None  # memory and staging disk of a TPU training pod
     evaluation: evaluation.EvaluationEstimate | None = None  # the evaluation's extra time and cost
+    price: pricing.Price | None = None  # price_per_chip_hour, with its basis (Spot or on demand) and source
+    warnings: tuple[str, ...] = ()  # what may go wrong but is not refused
 
     @property
     def multi_host(self) -> bool:
@@ -124,6 +135,17 @@ def _micro_batch(spec: api.GemmaFineTuneSpec, mesh: MeshConfig) -> tuple[int, li
             "(each data-parallel shard takes whole sequences)"
         )
     return micro, problems
+
+
+def _schedule(spec: api.GemmaFineTuneSpec) -> list[str]:
+    """The training pod refuses a warmup as long as the run before its first step (trainer.py)."""
+    t = spec.training
+    if t.steps is not None and t.warmup_steps >= t.steps:
+        return [
+            f"spec.training.warmupSteps: {t.warmup_steps} must be below steps {t.steps}: "
+            "the training pod refuses a run that would end inside its warmup"
+        ]
+    return []
 
 
 def _reachable(spec: api.GemmaFineTuneSpec) -> list[str]:
@@ -296,7 +318,11 @@ def plan_finetune(
     micro, batch_problems = _micro_batch(spec, mesh)
     memory, hbm_problems = _hbm(spec, place, shape, preset, mesh, micro, settings)
     host_plan, host_problems = _host(spec, place, shape, preset, settings)
-    if problems := problems + batch_problems + _reachable(spec) + hbm_problems + host_problems:
+    source_problems, warnings = hf_source_checks(spec.model.hf_repo, spec.model.preset, spec.model.hf_token_secret_ref)
+    problems = (
+        problems + batch_problems + source_problems + _schedule(spec) + _reachable(spec) + hbm_problems + host_problems
+    )
+    if problems:
         raise SpecError(problems)
 
     run = digest(
@@ -310,7 +336,7 @@ def plan_finetune(
     merged = join(rdir, f"merged-{merge_id}")
     train = train_config(spec, place, mesh, micro, rdir, settings, memory)
     merge = merge_config(spec, train, merged)
-    price = settings.prices_per_chip_hour.get(place.accelerator, 0.0)
+    price = pricing.chip_hour_price(settings, place.accelerator, spec.tpu.spot)
     return FineTunePlan(
         name=name,
         namespace=namespace,
@@ -327,14 +353,18 @@ def plan_finetune(
         train=train,
         merge=merge,
         memory=memory,
-        estimate=_estimate(spec, shape, place, settings, price),
+        estimate=_estimate(spec, shape, place, settings, price.per_chip_hour),
         image=spec.images.training or settings.images.workloads,
         merge_image=spec.images.merge or settings.images.workloads,
         merge_memory_gib=_merge_memory_gib(shape, spec, merge.workers),
         service_account=spec.service_account_name or settings.workload_service_account,
         queue=(labels or {}).get("kueue.x-k8s.io/queue-name") or settings.kueue_queue,
         merge_queue=settings.merge_kueue_queue,
-        price_per_chip_hour=price,
+        price_per_chip_hour=price.per_chip_hour,
         host=host_plan,
-        evaluation=evaluation.estimate(spec, shape, place.chips, place.accelerator, settings.assumed_mfu, price),
+        evaluation=evaluation.estimate(
+            spec, shape, place.chips, place.accelerator, settings.assumed_mfu, price.per_chip_hour
+        ),
+        price=price,
+        warnings=tuple(warnings),
     )

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gemma_operator import api, fit, host, mounts, rollout_gate, tpu
+from gemma_operator import api, fit, host, mounts, pricing, rollout_gate, tpu
 from gemma_operator.model_shapes import PRESETS, ModelShape, infer_preset
-from gemma_operator.plan.common import Placement, SpecError, check_paths, digest, parse, placement
+from gemma_operator.plan.common import Placement, SpecError, check_paths, digest, hf_source_checks, parse, placement
 from gemma_operator.settings import OperatorSettings
 
 # A first start of 31B on v6e-8 compiles for about 8 minutes, 10 with the download (seed paper).
@@ -41,6 +41,8 @@ class ServePlan:
     queue: str | None
     startup_seconds: int
     staging: host.HostPlan | None = None  # the disk an hf:// model is downloaded to (its staging fields)
+    cost: pricing.ServingCost | None = None  # None on the cpu profile
+    warnings: tuple[str, ...] = ()  # what may go wrong but is not refused
 
     @property
     def multi_host(self) -> bool:
@@ -99,6 +101,20 @@ def _staging(
     return staging, host.problems(staging, preset or "the model", where, place.slice)
 
 
+def _cost(spec: api.GemmaServeSpec, place: Placement, settings: OperatorSettings) -> pricing.ServingCost | None:
+    """What the service's TPU slices cost: a replica holds a whole slice, and an autoscaled
+    service runs between minReplicas and maxReplicas."""
+    if place.slice is None:
+        return None
+    a = spec.autoscaling
+    replicas = (
+        {"replicas": spec.replicas} if a is None else {"minReplicas": a.min_replicas, "maxReplicas": a.max_replicas}
+    )
+    return pricing.ServingCost(
+        pricing.chip_hour_price(settings, place.accelerator, spec.tpu.spot), place.chips, replicas
+    )
+
+
 def plan_serve(
     name: str,
     namespace: str,
@@ -120,6 +136,8 @@ def plan_serve(
     memory, problems = _memory(spec, place, shape, preset, tp)
     problems += check_paths({"spec.model.uri": spec.model.uri}, spec.storage, place.accelerator)
     problems += rollout_gate.gate_problems(spec.rollout.gate)
+    source_problems, warnings = hf_source_checks(spec.model.hf_repo, spec.model.preset, spec.model.hf_token_secret_ref)
+    problems += source_problems
     problems += mounts.storage_problems(spec.storage, (*mounts.SERVING, host.STAGING_DIR))
     startup, too_short = _startup(spec, place, shape)
     uri = spec.model.uri or (f"hf://{spec.model.hf_repo}" if spec.model.hf_repo else model_uri)
@@ -144,4 +162,6 @@ def plan_serve(
         queue=(labels or {}).get("kueue.x-k8s.io/queue-name") or settings.serving_kueue_queue,
         startup_seconds=startup,
         staging=staging,
+        cost=_cost(spec, place, settings),
+        warnings=tuple(warnings),
     )

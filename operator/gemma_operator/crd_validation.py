@@ -1,0 +1,115 @@
+"""A CR checked against its generated CRD schema as the API server checks it, before the models.
+
+The models coerce where the API server refuses: pydantic reads `learningRate: '2e-4'` as a number,
+the API server refuses a string where the schema says `type: number`, so a GitOps sync would fail
+on what `gemma-tpu plan` passed. This walks the openAPIV3Schema that crd.py generates, over the
+subset of OpenAPI it uses (type, properties, items, required, enum, bounds, lengths, pattern), with
+the API server's rules: a null is dropped, not refused (apiextensions prunes nulls of non-nullable
+fields); an integer field takes no 1.5 and no true; an unknown field is refused (kubectl's strict
+field validation). The CEL rules are the models' validators too (crd.CEL_RULES), which run next.
+
+No jsonschema here: the operator image does not ship it, and the API server's semantics differ from
+JSON Schema's where it matters (JSON Schema takes 1.0 as an integer).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from typing import Any
+
+from gemma_operator import api, crd
+
+# The schema keywords checked here; the CEL rules (x-kubernetes-validations) are the models' to check,
+# and the rest only documents. A keyword crd.py starts to emit must join one of these sets.
+CHECKED = frozenset(
+    {"type", "properties", "items", "required", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+    | {"minLength", "maxLength", "pattern", "minItems", "maxItems"}
+)
+NOT_CHECKED = frozenset({"description", "default", "x-kubernetes-validations"})
+
+_JSON_TYPES = {
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "boolean": (bool,),
+    "integer": (int,),
+    "number": (int, float),
+}
+
+
+@cache
+def _spec_schema(kind: str) -> dict[str, Any]:
+    version = crd.crd(api.KINDS[kind])["spec"]["versions"][0]
+    return version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def _type_name(value: Any) -> str:
+    for name in ("boolean", "integer", "number", "string", "array", "object"):
+        if isinstance(value, _JSON_TYPES[name]) and not (name in ("integer", "number") and isinstance(value, bool)):
+            return name
+    return type(value).__name__
+
+
+def _type_ok(value: Any, expected: str) -> bool:
+    if isinstance(value, bool):
+        return expected == "boolean"
+    return isinstance(value, _JSON_TYPES[expected])
+
+
+def _scalar_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
+    out = []
+    if "enum" in schema and value not in schema["enum"]:
+        out.append(f"{path}: Unsupported value {value!r}: supported values: {', '.join(map(str, schema['enum']))}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema:
+            low, strict = schema["minimum"], schema.get("exclusiveMinimum") is True
+            if value < low or (strict and value == low):
+                out.append(f"{path}: {value} must be {'greater than' if strict else 'at least'} {low}")
+        if "maximum" in schema:
+            high, strict = schema["maximum"], schema.get("exclusiveMaximum") is True
+            if value > high or (strict and value == high):
+                out.append(f"{path}: {value} must be {'less than' if strict else 'at most'} {high}")
+    if isinstance(value, str):
+        if len(value) > schema.get("maxLength", len(value)):
+            out.append(f"{path}: {len(value)} characters, at most {schema['maxLength']} allowed")
+        if len(value) < schema.get("minLength", 0):
+            out.append(f"{path}: at least {schema['minLength']} character(s) required")
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            hint = api.PATTERN_HINTS.get(schema["pattern"], f"does not match {schema['pattern']}")
+            out.append(f"{path}: {value!r} {hint}")
+    return out
+
+
+def problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
+    """Every way `value` breaks `schema`, each naming its field as the API server would."""
+    expected = schema.get("type")
+    if expected and not _type_ok(value, expected):
+        return [f"{path}: {value!r} is of type {_type_name(value)}, the CRD's schema says {expected}"]
+    if isinstance(value, list):
+        out = []
+        if len(value) > schema.get("maxItems", len(value)):
+            out.append(f"{path}: {len(value)} items, at most {schema['maxItems']} allowed")
+        if len(value) < schema.get("minItems", 0):
+            out.append(f"{path}: at least {schema['minItems']} item(s) required")
+        for i, item in enumerate(value):
+            out += problems(item, schema.get("items", {}), f"{path}[{i}]")
+        return out
+    if isinstance(value, dict):
+        present = {k: v for k, v in value.items() if v is not None}  # nulls are pruned, not refused
+        props = schema.get("properties")
+        out = [f"{path}.{name}: Required value" for name in schema.get("required", []) if name not in present]
+        for name, item in present.items():
+            if props is not None and name not in props:
+                out.append(f"{path}.{name}: unknown field")
+            elif props is not None:
+                out += problems(item, props[name], f"{path}.{name}")
+        return out
+    return _scalar_problems(value, schema, path)
+
+
+def spec_problems(kind: str, spec: Any) -> list[str]:
+    """What the API server would refuse in a GemmaFineTune's or GemmaServe's spec."""
+    if spec is None:
+        return ["spec: Required value"]
+    return problems(spec, _spec_schema(kind), "spec")
