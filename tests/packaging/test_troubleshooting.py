@@ -4,7 +4,8 @@ The reasons are read from the operator's source with `ast`, so a new one fails t
 is documented, wherever it is written and however it is named:
 - a string given for a parameter or dataclass field named `reason` (`set_cond(..., "Merged", ...)`,
   `Verdict(False, "MetricMissing", ...)`, `reason=...`), including the branches of `a if c else b`
-  and `x or "Default"`, and the strings assigned to a local name passed there;
+  and `x or "Default"`, and the strings assigned to a local name or a module constant passed there
+  (`MERGED` or `reasons.MERGED`);
 - the reason of an Event tuple `("Normal" | "Warning", reason, message)`;
 - the reason of a `(reason, message)` pair returned by a function annotated `-> tuple[str, str]`;
 - the reason of the kstatus conditions (`("Ready" | "Reconciling" | "Stalled", value, reason, message)`);
@@ -33,8 +34,9 @@ def _strings(node: ast.AST, assigned: dict[str, list[ast.AST]], seen: frozenset[
         return _strings(node.body, assigned, seen) | _strings(node.orelse, assigned, seen)
     if isinstance(node, ast.BoolOp):
         return set().union(*(_strings(v, assigned, seen) for v in node.values))
-    if isinstance(node, ast.Name) and node.id not in seen:
-        return set().union(set(), *(_strings(v, assigned, seen | {node.id}) for v in assigned.get(node.id, [])))
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    if name and name not in seen:
+        return set().union(set(), *(_strings(v, assigned, seen | {name}) for v in assigned.get(name, [])))
     return set()
 
 
@@ -66,10 +68,22 @@ def _assignments(function: ast.AST) -> dict[str, list[ast.AST]]:
     return out
 
 
-def _reasons_in(function: ast.AST, positions: dict[str, int]) -> set[str]:
+def _module_constants(trees: list[ast.Module]) -> dict[str, list[ast.AST]]:
+    """Module-level `NAME = "..."` of every module, so that `reasons.MERGED` or `MERGED` resolve."""
+    out: dict[str, list[ast.AST]] = {}
+    for tree in trees:
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        out.setdefault(target.id, []).append(node.value)
+    return out
+
+
+def _reasons_in(function: ast.AST, positions: dict[str, int], constants: dict[str, list[ast.AST]]) -> set[str]:
     found: set[str] = set()
     returns_pair = "tuple[str, str]" in ast.unparse(getattr(function, "returns", None) or ast.Constant(""))
-    assigned = _assignments(function)
+    assigned = {**constants, **_assignments(function)}
     for node in ast.walk(function):
         if isinstance(node, ast.Call):
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
@@ -89,14 +103,19 @@ def _reasons_in(function: ast.AST, positions: dict[str, int]) -> set[str]:
     return found
 
 
-def operator_reasons() -> set[str]:
-    trees = [ast.parse(p.read_text(), str(p)) for p in sorted(OPERATOR.rglob("*.py"))]
-    positions = _reason_positions(trees)
+def collect(trees: list[ast.Module]) -> set[str]:
+    """Every reason the code in these modules can report."""
+    positions, constants = _reason_positions(trees), _module_constants(trees)
     found: set[str] = set()
     for tree in trees:
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                found |= _reasons_in(node, positions)
+                found |= _reasons_in(node, positions, constants)
+    return found
+
+
+def operator_reasons() -> set[str]:
+    found = collect([ast.parse(p.read_text(), str(p)) for p in sorted(OPERATOR.rglob("*.py"))])
     for kind in api.KINDS.values():
         status = crd.crd(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
         found |= set(status["properties"]["phase"]["enum"])
@@ -116,6 +135,17 @@ def test_the_collector_finds_reasons_of_each_form():
     # a local name, a `x or "Default"`, the kstatus conditions and a phase
     assert {"Merged", "MetricMissing", "NewRun", "FineTuneNotFound", "FineTuneFailed", "TrainingFailed"} <= found
     assert {"Reconciled", "Stalled", "WaitingForModel"} <= found
+
+
+def test_the_collector_follows_reasons_moved_into_constants():
+    reasons = ast.parse('MERGED = "Merged"\nGATE_PASSED = "GatePassed"\n')
+    lifecycle = ast.parse(
+        "def set_cond(view, st, type_, value, reason, message): ...\n"
+        "def merged(v, st, d):\n"
+        "    set_cond(v, st, 'Merged', True, reasons.MERGED, '')\n"
+        "    d.events.append(('Normal', GATE_PASSED, 'run 1 passes'))\n"
+    )
+    assert collect([reasons, lifecycle]) == {"Merged", "GatePassed"}
 
 
 def test_every_reason_is_in_troubleshooting():
