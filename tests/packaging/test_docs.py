@@ -12,6 +12,7 @@ import yaml
 from scripts.manifests import NAMESPACE, RELEASE, ROOT
 
 from tests.support.chart import objects
+from tests.support.validation import validate_cr
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -124,14 +125,29 @@ def test_the_runbook_names_match_the_examples_and_the_chart():
     assert f"--tpu-topology={serve['spec']['tpu']['topology']}" in text
 
 
-def test_the_runbook_edits_of_the_examples_apply():
-    """Each `sed` substitution the runbook makes in the examples finds what it replaces."""
+def test_the_runbook_edits_of_the_examples_give_valid_resources():
+    """The `sed` edits the runbook makes to the examples each find what they replace, and the edited
+    files are still valid GemmaFineTune and GemmaServe resources."""
     text = _runbook()
-    examples = (ROOT / "examples" / "gemma4-31b-v5p8.yaml").read_text() + (
-        ROOT / "examples" / "serve-v6e8.yaml"
-    ).read_text()
-    for pattern in re.findall(r'-e "s\|([^|]+)\|', text) + re.findall(r'-e "/(.+?)/d"', text):
-        assert pattern.replace("\\/", "/") in examples, pattern
+    env = {"BUCKET": "my-project-gemma", "CACHE_BUCKET": "my-project-gemma-xla"}
+    substitutions = [
+        (old, re.sub(r"\$(\w+)", lambda m: env[m.group(1)], new), flags)
+        for old, new, flags in re.findall(r'-e "s\|([^|]+)\|([^|]*)\|(g?)"', text)
+    ]
+    deletions = [p.replace("\\/", "/") for p in re.findall(r'-e "/(.+?)/d"', text)]
+    assert len(substitutions) == 3 and deletions
+    used = set()
+    for name in re.search(r"for f in (.+); do", text).group(1).split():
+        edited = (ROOT / "examples" / name).read_text()
+        for old, new, flags in substitutions:
+            used |= {old} if old in edited else set()
+            edited = edited.replace(old, new, -1 if flags else 1)
+        used |= {d for d in deletions if d in edited}
+        lines = [line for line in edited.splitlines() if not any(d in line for d in deletions)]
+        resource = yaml.safe_load("\n".join(lines))
+        validate_cr(resource)  # against the CRD's schema, as the API server would
+        assert "my-bucket" not in str(resource) and env["BUCKET"] in str(resource)
+    assert used == {old for old, _, _ in substitutions} | set(deletions), "an edit that changes nothing"
 
 
 # ------------------------------------------------------------------------------ GitOps examples
