@@ -53,9 +53,11 @@ lint: venv
 
 crds: manifests
 
-# The CRDs, the chart's generated inputs and the plain install in manifests/ (scripts/manifests.py).
+# The CRDs, the chart's generated inputs and the plain install in manifests/ (scripts/manifests.py),
+# then the API and settings reference in docs/reference/ (scripts/reference_docs.py).
 manifests: venv
 	$(VENV)/bin/python scripts/manifests.py
+	$(VENV)/bin/python scripts/reference_docs.py
 
 # The images the chart and the operator settings name (needs a container engine).
 REGISTRY ?= ghcr.io/gemma-tpu-operator

@@ -25,10 +25,14 @@ class _Settings(BaseModel):
 class Images(_Settings):
     """Default images; a CR may override training/merge (spec.images) and serving (spec.vllm.image)."""
 
-    workloads: str = "ghcr.io/gemma-tpu-operator/workloads:0.1.0"
+    workloads: str = Field(
+        default="ghcr.io/gemma-tpu-operator/workloads:0.1.0", description="Image of the training and merge pods."
+    )
     # vLLM-TPU: the tag the seed paper served Gemma 4 with (pin a digest in production).
-    serving_tpu: str = "vllm/vllm-tpu:gemma4"
-    serving_cpu: str = "ghcr.io/gemma-tpu-operator/vllm-cpu:0.32.0"
+    serving_tpu: str = Field(default="vllm/vllm-tpu:gemma4", description="vLLM image of TPU servers.")
+    serving_cpu: str = Field(
+        default="ghcr.io/gemma-tpu-operator/vllm-cpu:0.32.0", description="vLLM image of servers on CPU nodes."
+    )
     # The LWS vLLM-TPU example's path. vLLM has moved the script between versions
     # (examples/online_serving/ and examples/ray_serving/), and which one serving_tpu's tag
     # ships was not verified: change it with the image.
@@ -41,13 +45,17 @@ class Images(_Settings):
 class Resources(_Settings):
     """CPU/memory of the workload containers beside their TPU chips."""
 
-    training_cpu: str = "8"
+    training_cpu: str = Field(default="8", description="CPU request of a TPU training pod.")
     # The least a TPU training pod gets; more when its model needs it (see host.py).
-    training_memory: str = "64Gi"
-    serving_cpu: str = "8"
-    serving_memory: str = "64Gi"
-    cpu_profile_cpu: str = "2"
-    cpu_profile_memory: str = "8Gi"
+    training_memory: str = Field(
+        default="64Gi", description="Least memory of a TPU training pod; more when its model needs it."
+    )
+    serving_cpu: str = Field(default="8", description="CPU request of a TPU vLLM pod.")
+    serving_memory: str = Field(default="64Gi", description="Memory request and limit of a TPU vLLM pod.")
+    cpu_profile_cpu: str = Field(default="2", description="CPU request of a pod with accelerator cpu.")
+    cpu_profile_memory: str = Field(
+        default="8Gi", description="Memory request and limit of a pod with accelerator cpu."
+    )
 
 
 class TrainingHost(_Settings):
@@ -156,6 +164,7 @@ class OperatorSettings(_Settings):
     training_env: dict[str, str] = Field(
         # Cuts the first XLA compile of Gemma 4 31B from about 8 to about 3 minutes (seed paper).
         default_factory=lambda: {"XLA_FLAGS": "--xla_llvm_disable_expensive_passes=true"},
+        description="Environment variables of every training container.",
     )
     termination_grace_seconds: Annotated[
         int, Field(ge=30, description="Time a preempted trainer gets to write its last checkpoint.")

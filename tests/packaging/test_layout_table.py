@@ -1,4 +1,4 @@
-"""The README's layout table names every top-level folder of the repository, and only paths that exist."""
+"""The layout table of docs/development.md names every top-level folder of the repository, and only paths that exist."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from scripts.manifests import ROOT
 
 
 def test_the_layout_table_matches_the_tree():
-    text = (ROOT / "README.md").read_text().split("## Layout", 1)[1]
+    text = (ROOT / "docs" / "development.md").read_text().split("## Layout", 1)[1]
     rows = [line.split("|")[1] for line in text.splitlines() if line.startswith("| `")]
     paths = {p for row in rows for p in re.findall(r"`([^`]+)`", row)}
     assert paths and all((ROOT / p).exists() for p in paths), [p for p in paths if not (ROOT / p).exists()]
