@@ -21,6 +21,7 @@ import asyncio
 import collections
 import copy
 import secrets
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -133,6 +134,10 @@ class ApiServer(kmock.KubernetesScaffold):
     calls: collections.Counter = attrs.field(factory=collections.Counter, init=False)
     calls_by_agent: dict[str, collections.Counter] = attrs.field(
         factory=lambda: collections.defaultdict(collections.Counter), init=False
+    )
+    # Every write, in order, as (monotonic time, User-Agent, Call): who wrote when.
+    writes: collections.deque[tuple[float, str, Call]] = attrs.field(
+        factory=lambda: collections.deque(maxlen=100_000), init=False
     )
     _kinds: dict[kmock.resource, Kind] = attrs.field(factory=dict, init=False)
     _verbs: dict[Any, Any] = attrs.field(factory=dict, init=False)
@@ -302,7 +307,10 @@ class ApiServer(kmock.KubernetesScaffold):
         sub = f"/{request.subresource}" if request.subresource else ""
         call = (verb, res.group, f"{res.plural}{sub}")
         self.calls[call] += 1
-        self.calls_by_agent[request.headers.get("User-Agent", "")][Call(*call, request.namespace, request.name)] += 1
+        agent = request.headers.get("User-Agent", "")
+        self.calls_by_agent[agent][Call(*call, request.namespace, request.name)] += 1
+        if verb in ("create", "patch", "delete"):
+            self.writes.append((time.monotonic(), agent, Call(*call, request.namespace, request.name)))
 
     def _next_rv(self) -> str:
         self._rv += 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import copy
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from gemma_operator.kube import USER_AGENT
 BEFORE_WRITE, AFTER_WRITE, THROTTLED = "500 before the write", "500 after the write", "429 Retry-After"
 WRITE_FAULTS = (BEFORE_WRITE, AFTER_WRITE, THROTTLED)
 WATCH_CLOSED, WATCH_EXPIRED = "watch closed", "410 Expired on resume"
+INTERLEAVED = "another writer first"
 _VERBS = {kmock.action.CREATE: "create", kmock.action.UPDATE: "patch", kmock.action.DELETE: "delete"}
 
 
@@ -38,6 +40,9 @@ class Rule:
     name: str | None = None
     times: int = 1
 
+    def matches(self, verb: str, resource: str, name: str | None) -> bool:
+        return self.verb in (None, verb) and self.resource in (None, resource) and self.name in (None, name)
+
 
 @attrs.define(kw_only=True)
 class FaultyApiServer(ApiServer):
@@ -50,6 +55,7 @@ class FaultyApiServer(ApiServer):
     agents: tuple[str, ...] = (USER_AGENT, "kopf/")  # whose requests get faults: the operator's
     seed: int = 0
     rules: list[Rule] = attrs.field(factory=list, init=False)
+    interleaved: list[tuple[Rule, Callable[[], Awaitable[None]]]] = attrs.field(factory=list, init=False)
     injected: collections.Counter = attrs.field(factory=collections.Counter, init=False)
     _rng: random.Random = attrs.field(init=False)
 
@@ -63,6 +69,17 @@ class FaultyApiServer(ApiServer):
         assert fault in WRITE_FAULTS, f"unknown write fault {fault!r}: one of {WRITE_FAULTS}"
         self.rules.append(Rule(fault, verb, resource, name, times))
 
+    def interleave(
+        self,
+        action: Callable[[], Awaitable[None]],
+        verb: str | None = None,
+        resource: str | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Before the next matching write of the operator is stored, let `action` (another client's
+        write) happen: the operator's read is then older than what it writes over."""
+        self.interleaved.append((Rule(INTERLEAVED, verb, resource, name), action))
+
     def calm(self) -> None:
         """No more faults from now on."""
         self.write_fault_rate, self.watch_lifetime, self.expire_rate = 0.0, None, 0.0
@@ -73,7 +90,8 @@ class FaultyApiServer(ApiServer):
     def _targeted(self, request: kmock.Request) -> bool:
         return (request.headers.get("User-Agent") or "").startswith(self.agents)
 
-    def _write_fault(self, request: kmock.Request) -> tuple[str, str] | None:
+    def _write(self, request: kmock.Request) -> tuple[str, str, str | None] | None:
+        """(verb, resource, name) of a write by a targeted client; None for anything else."""
         verb = _VERBS.get(request.action)
         if verb is None or request.resource is None or not self._targeted(request):
             return None
@@ -81,8 +99,15 @@ class FaultyApiServer(ApiServer):
         name = request.name
         if verb == "create" and isinstance(request.data, dict):
             name = (request.data.get("metadata") or {}).get("name")
+        return verb, resource, name
+
+    def _write_fault(self, request: kmock.Request) -> tuple[str, str] | None:
+        write = self._write(request)
+        if write is None:
+            return None
+        verb, resource, name = write
         for rule in self.rules:
-            if rule.verb in (None, verb) and rule.resource in (None, resource) and rule.name in (None, name):
+            if rule.matches(verb, resource, name):
                 rule.times -= 1
                 if rule.times <= 0:
                     self.rules.remove(rule)
@@ -90,6 +115,16 @@ class FaultyApiServer(ApiServer):
         if self._rng.random() < self.write_fault_rate:
             return self._rng.choice(WRITE_FAULTS), f"{verb} {resource}"
         return None
+
+    async def _interleave(self, request: kmock.Request) -> None:
+        """Run another writer's scripted write just before this one is stored."""
+        write = self._write(request)
+        for rule, action in list(self.interleaved):
+            if write is not None and rule.matches(*write):
+                self.interleaved.remove((rule, action))
+                self.injected[(INTERLEAVED, f"{write[0]} {write[1]}")] += 1
+                await action()
+                return
 
     def _answer(self, fault: str) -> kmock.Response:
         """The API server's throttling answers 429 with a Retry-After header (kubernetes
@@ -110,6 +145,8 @@ class FaultyApiServer(ApiServer):
     # ------------------------------------------------------------------ serving
 
     async def _handle(self, request: kmock.Request) -> Any:
+        if request.resource in self._kinds:
+            await self._interleave(request)
         chosen = self._write_fault(request) if request.resource in self._kinds else None
         if chosen is None:
             return await super()._handle(request)

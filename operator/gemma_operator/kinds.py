@@ -38,7 +38,8 @@ OPTIONAL = OWN | {"delete"}  # a child that comes and goes with the spec
 KINDS: dict[str, KindInfo] = {
     api.FINETUNE.kind: KindInfo(api.API_VERSION, api.FINETUNE.plural, READ, status=True),
     api.SERVE.kind: KindInfo(api.API_VERSION, api.SERVE.plural, READ, status=True),
-    "ConfigMap": KindInfo("v1", "configmaps", OWN, mutable=()),
+    # Watched so that a changed config is put back at once, not at the next poll.
+    "ConfigMap": KindInfo("v1", "configmaps", OWN | {"list", "watch"}, mutable=(), wakes_owner=True),
     "Job": KindInfo("batch/v1", "jobs", RUN, mutable=(), wakes_owner=True),
     "JobSet": KindInfo("jobset.x-k8s.io/v1alpha2", "jobsets", RUN, mutable=(), wakes_owner=True),
     "Deployment": KindInfo(

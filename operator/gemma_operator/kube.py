@@ -171,6 +171,11 @@ class Kube:
         path = self._path(kind, namespace, name, "status" if status else None)
         return await self._call("PATCH", path, body=patch, content_type="application/merge-patch+json")
 
+    async def patch_json(self, kind: str, namespace: str, name: str, ops: list[dict], *, status: bool = False) -> dict:
+        """A JSON patch (RFC 6902): its `test` operations make it fail (422) if what they test changed."""
+        path = self._path(kind, namespace, name, "status" if status else None)
+        return await self._call("PATCH", path, body=ops, content_type="application/json-patch+json")
+
     async def delete(self, kind: str, namespace: str, name: str) -> None:
         try:
             await self._call("DELETE", self._path(kind, namespace, name), body={"propagationPolicy": "Background"})
@@ -270,6 +275,32 @@ APPLIED_ANNOTATION = f"{api.GROUP}/applied-spec"
 
 def _hash(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def status_patch(old: dict[str, Any], new: dict[str, Any], resource_version: str) -> list[dict]:
+    """A JSON patch turning status `old` into `new`, key by key. The fields are the operator's own,
+    but `conditions` is shared with other controllers: when it changes, the patch first tests
+    that it is still what was read, and fails (422) if another writer changed it meanwhile, as kopf
+    does for its own patches. A first status tests the resourceVersion instead (an absent field
+    cannot be tested)."""
+    if not old:
+        return [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+            {"op": "add", "path": "/status", "value": new},
+        ]
+    ops: list[dict] = []
+    if "conditions" in old and old.get("conditions") != new.get("conditions"):
+        ops.append({"op": "test", "path": "/status/conditions", "value": old["conditions"]})
+    for key in sorted(old.keys() - new.keys()):
+        ops.append({"op": "remove", "path": f"/status/{_pointer(key)}"})
+    for key, value in new.items():
+        if old.get(key) != value or key not in old:
+            ops.append({"op": "add", "path": f"/status/{_pointer(key)}", "value": value})
+    return ops
+
+
+def _pointer(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")  # RFC 6901
 
 
 def diff_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from gemma_operator import addons, api, failure_policy, prometheus_metrics, retr
 from gemma_operator.children import common, merge, serving, training
 from gemma_operator.clock import now
 from gemma_operator.kinds import KINDS, where
-from gemma_operator.kube import UNREAD, ApiError, Kube, diff_patch
+from gemma_operator.kube import UNREAD, ApiError, Kube, status_patch
 from gemma_operator.lifecycle import finetune as finetune_lifecycle
 from gemma_operator.lifecycle import serve as serve_lifecycle
 from gemma_operator.lifecycle.common import Decision
@@ -75,23 +75,30 @@ class Controller:
         self.retries.forget((kind, namespace, name))
         self.tracker.forget(kind, namespace, name)
 
-    async def reconcile(self, kind: str, namespace: str, name: str, body: dict | None = None) -> None:
+    async def reconcile(
+        self, kind: str, namespace: str, name: str, body: dict | None = None, *, watched: dict | None = None
+    ) -> None:
         """Reconcile one CR; a failure is logged with the CR it concerns and retried after a back-off.
         `body` is the CR as just listed, when the caller has it: it saves a read, and is used only
-        if it is the version this operator last read or wrote (otherwise it may be older)."""
+        if it is the version this operator last read or wrote (otherwise it may be older).
+        `watched` is the CR as a watch event delivered it: when that is only the echo of this
+        operator's own last write, nothing changed that it has not decided on, and it is skipped."""
         key = (kind, namespace, name)
         started = time.perf_counter()
         try:
             async with self._locks[key]:
-                if body is not None and body["metadata"].get("resourceVersion") != self._latest.get(key):
+                if watched is not None and self._is_own_write(key, watched):
+                    return
+                if body is not None and not self._is_own_write(key, body):
                     body = None
                 try:
                     version = await self._reconcile_one(kind, namespace, name, body)
                 except ApiError as e:
-                    if e.status != 409:
+                    if e.status not in (409, 422):
                         raise
-                    # Another writer changed the CR between our read and our status write: decide
-                    # again on what it wrote, at once (a second conflict goes to the back-off).
+                    # Another writer changed a child (409) or the CR's conditions (422, the status
+                    # patch's test) between our read and our write: decide again on what it wrote,
+                    # at once (a second conflict goes to the back-off).
                     log.info("%s %s/%s changed while reconciling, reading it again", kind, namespace, name)
                     version = await self._reconcile_one(kind, namespace, name, None)
         except Exception as e:  # any failure: logged, counted and retried
@@ -117,12 +124,10 @@ class Controller:
         finally:
             prometheus_metrics.RECONCILE_SECONDS.labels(kind).observe(time.perf_counter() - started)
 
-    def is_own_write(self, kind: str, body: dict) -> bool:
-        """Whether a watch event only echoes this operator's own last status write of the CR:
-        then nothing changed that it has not already decided on."""
-        meta = body.get("metadata") or {}
-        version = meta.get("resourceVersion")
-        return version is not None and self._latest.get((kind, meta.get("namespace"), meta.get("name"))) == version
+    def _is_own_write(self, key: tuple[str, str, str], body: dict) -> bool:
+        """Whether `body` is the CR as this operator's latest reconcile read or wrote it."""
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        return version is not None and self._latest.get(key) == version
 
     async def _reconcile_one(self, kind: str, namespace: str, name: str, body: dict | None) -> tuple[str, str] | None:
         if body is None:
@@ -286,8 +291,8 @@ class Controller:
     async def _apply(self, body: dict, d: Decision, seen: Seen) -> str | None:
         """Write what the decision asks, children first. Its Events go before the status that
         records the phase change, so a failed reconcile (retried) posts them again, once. The
-        status write carries the resourceVersion the decision was made on: a condition another
-        controller added meanwhile is never overwritten unseen (409, and the reconcile runs again).
+        status write tests the conditions the decision was made on: a condition another controller
+        added meanwhile is never overwritten unseen (422, and the reconcile runs again at once).
         Returns the resourceVersion that write produced, if there was one."""
         meta = body["metadata"]
         namespace = meta["namespace"]
@@ -309,16 +314,11 @@ class Controller:
                 if e.transient:
                     raise  # retried with the reconcile, before the status moves on
                 log.warning("could not post event %s on %s %s/%s: %s", reason, body["kind"], namespace, meta["name"], e)
-        patch = diff_patch(body.get("status") or {}, d.status)
-        if not patch:
+        before = body.get("status") or {}
+        if before == d.status:
             return None
-        written = await self.kube.patch(
-            body["kind"],
-            namespace,
-            meta["name"],
-            {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch},
-            status=True,
-        )
+        ops = status_patch(before, d.status, meta["resourceVersion"])
+        written = await self.kube.patch_json(body["kind"], namespace, meta["name"], ops, status=True)
         return written["metadata"]["resourceVersion"]
 
     # ------------------------------------------------------------------ polling
@@ -393,8 +393,8 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
     ) -> None:
         if type == "DELETED":
             controller.forget(api.FINETUNE.kind, namespace, name)
-        elif not controller.is_own_write(api.FINETUNE.kind, body):
-            await controller.reconcile(api.FINETUNE.kind, namespace, name)
+        else:
+            await controller.reconcile(api.FINETUNE.kind, namespace, name, watched=body)
         for serve in serves_by_fine_tune.get((namespace, name), []):
             await controller.reconcile(api.SERVE.kind, namespace, serve)
 
@@ -402,8 +402,8 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
     async def serve_event(type: str, body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
         if type == "DELETED":
             controller.forget(api.SERVE.kind, namespace, name)
-        elif not controller.is_own_write(api.SERVE.kind, body):
-            await controller.reconcile(api.SERVE.kind, namespace, name)
+        else:
+            await controller.reconcile(api.SERVE.kind, namespace, name, watched=body)
 
     async def child_event(body: kopf.Body, namespace: str, **_: Any) -> None:
         owner = owner_of(body)

@@ -63,7 +63,9 @@ FT_OBSERVED = {
 }
 TRAIN, MERGE, NONE = "training", "merge", ""
 
-# Rows: the phase before. Columns: FT_OBSERVED in order. Cells: (phase after, children created).
+# Rows: the phase before. Columns: FT_OBSERVED in order. Cells: (phase after, children applied).
+# A workload still running is applied again with its ConfigMap: that creates nothing while they
+# exist, and puts back labels or config data that someone else changed.
 # Before training, the training path reads only the training workload (a merge seen then is
 # re-ensured, never trusted); Merging reads only the merge; Succeeded and Failed are terminal; a
 # workload that was created and is gone is recreated as a new attempt; an invalid spec fails whatever came before.
@@ -71,7 +73,7 @@ FT_TABLE = {
     #                                nothing                running                succeeded            failed               merge running        merge succeeded        merge failed        invalid spec
     "new": [
         ("Pending", TRAIN),
-        ("Training", NONE),
+        ("Training", TRAIN),
         ("Merging", MERGE),
         ("Failed", NONE),
         ("Merging", MERGE),
@@ -81,7 +83,7 @@ FT_TABLE = {
     ],
     "Pending": [
         ("Pending", TRAIN),
-        ("Training", NONE),
+        ("Training", TRAIN),
         ("Merging", MERGE),
         ("Failed", NONE),
         ("Merging", MERGE),
@@ -91,7 +93,7 @@ FT_TABLE = {
     ],
     "Training": [
         ("Pending", TRAIN),
-        ("Training", NONE),
+        ("Training", TRAIN),
         ("Merging", MERGE),
         ("Failed", NONE),
         ("Merging", MERGE),
@@ -101,7 +103,7 @@ FT_TABLE = {
     ],
     "Suspended": [
         ("Pending", TRAIN),
-        ("Training", NONE),
+        ("Training", TRAIN),
         ("Merging", MERGE),
         ("Failed", NONE),
         ("Merging", MERGE),
@@ -114,7 +116,7 @@ FT_TABLE = {
         ("Merging", MERGE),
         ("Merging", MERGE),
         ("Merging", MERGE),
-        ("Merging", NONE),
+        ("Merging", MERGE),
         ("Succeeded", NONE),
         ("Failed", NONE),
         ("Failed", NONE),
@@ -141,7 +143,7 @@ FT_TABLE = {
     ],
     "Failed (invalid spec)": [
         ("Pending", TRAIN),
-        ("Training", NONE),
+        ("Training", TRAIN),
         ("Merging", MERGE),
         ("Failed", NONE),
         ("Merging", MERGE),

@@ -38,6 +38,7 @@ RUN_FIELDS = (
     "evaluation",
 )
 RUN_CONDITIONS = ("TrainingComplete", "Merged", "Complete", "Failed", "Suspended")
+ACTIVE_STATES = ("Pending", "Running", "Suspended")  # a workload that has not finished
 
 
 @dataclass
@@ -71,7 +72,7 @@ def _advance(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
             st.pop(key, None)
         st["conditions"] = [c for c in st.get("conditions", []) if c["type"] not in RUN_CONDITIONS]
         st.update(run=p.run, attempt=1, phase="Pending")
-        d.delete += [w for w in v.stale if failure_policy.outcome(w).state in ("Pending", "Running", "Suspended")]
+        d.delete += [w for w in v.stale if failure_policy.outcome(w).state in ACTIVE_STATES]
     failed = condition(st.get("conditions"), "Failed")
     if st.get("phase") == "Failed" and failed and failed.get("reason") == "InvalidSpec":
         st["phase"] = "Pending"  # the spec was fixed: carry on where the run stood
@@ -123,9 +124,12 @@ def _training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
 
     st.setdefault("children", {}).update(configMap=name, training=name)  # recorded whatever wrote it
     outcome = failure_policy.outcome(wl)
+    if outcome.state in ACTIVE_STATES:  # re-applied: labels and config changed by others come back
+        budget = max(0, p.spec.backoff_limit - int(st.get("restarts") or 0))
+        d.create += training_objects(p, settings, v.owner, attempt, budget)
     wish = str(p.spec.suspend).lower()
     asked = (wl["metadata"].get("annotations") or {}).get(training.SUSPEND_ANNOTATION)
-    if outcome.state in ("Pending", "Running", "Suspended") and asked != wish:
+    if outcome.state in ACTIVE_STATES and asked != wish:
         d.patch.append(
             (
                 wl["kind"],
@@ -188,6 +192,8 @@ def _merging(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
         _start_merge(v, d, settings, (st.get("outputs") or {}).get("step"))  # lost: the merge resumes
         return
     outcome = failure_policy.outcome(v.merge)
+    if outcome.state in ACTIVE_STATES:  # re-applied: labels and config changed by others come back
+        d.create += merge_objects(p, settings, v.owner, (st.get("outputs") or {}).get("step"))
     if outcome.state == "Succeeded":
         result = _merge_result(v.merge_pods)
         st.setdefault("outputs", {})["merged"] = p.merged_dir  # the URI, not the path inside the merge pod
