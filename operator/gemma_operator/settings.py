@@ -135,8 +135,14 @@ class OperatorSettings(_Settings):
         default="1Gi",
         description="gke-gcsfuse/memory-limit of the merge's Cloud Storage FUSE sidecar.",
     )
-    workload_service_account: str | None = Field(
-        default=None, description="ServiceAccount for workload pods when a CR names none."
+    # The identities the chart creates in each workload namespace (docs/identities.md); None: the
+    # namespace's `default` ServiceAccount.
+    training_service_account: str | None = Field(
+        default="gemma-trainer",
+        description="ServiceAccount of training and merge pods of GemmaFineTunes that name none.",
+    )
+    serving_service_account: str | None = Field(
+        default="gemma-server", description="ServiceAccount of vLLM pods of GemmaServes that name none."
     )
     kueue_queue: str | None = Field(
         default=None, description="Kueue LocalQueue for training workloads of CRs that carry no queue label."
