@@ -26,14 +26,14 @@ class Images(_Settings):
     """Default images; a CR may override training/merge (spec.images) and serving (spec.vllm.image)."""
 
     workloads: str = "ghcr.io/gemma-tpu-operator/workloads:0.1.0"
-    # vLLM-TPU: the tag the seed paper served Gemma 4 with (pin a digest in production).
-    serving_tpu: str = "vllm/vllm-tpu:gemma4"
+    # Built from pinned releases by `make images` (workloads/vllm-tpu, workloads/vllm-cpu): vllm-tpu
+    # 0.32.0 from PyPI rather than a floating upstream tag; pin a digest in production.
+    serving_tpu: str = "ghcr.io/gemma-tpu-operator/vllm-tpu:0.32.0"
     serving_cpu: str = "ghcr.io/gemma-tpu-operator/vllm-cpu:0.32.0"
-    # The LWS vLLM-TPU example's path. vLLM has moved the script between versions
-    # (examples/online_serving/ and examples/ray_serving/), and which one serving_tpu's tag
-    # ships was not verified: change it with the image.
+    # vLLM has moved its multi-host launcher between versions (examples/online_serving/ and
+    # examples/ray_serving/); the serving_tpu image puts the one of its release here.
     serving_tpu_ray_script: str = Field(
-        default="/workspace/vllm/examples/online_serving/multi-node-serving.sh",
+        default="/opt/vllm/multi-node-serving.sh",
         description="Script in the serving_tpu image that starts a Ray head (multi-host leader) or joins it.",
     )
 
