@@ -67,7 +67,7 @@ def _pods_refused(view: ResourceView, st: dict, d: Decision) -> None:
     before = condition(st.get("conditions"), pod_creation.CONDITION) or {}
     if view.refusal is None:
         if before.get("status") == "False":
-            set_cond(view, st, pod_creation.CONDITION, True, pod_creation.CREATED, "the workload's pods were created")
+            set_cond(view, st, pod_creation.CONDITION, True, pod_creation.CREATED, "no pod of the workload is refused")
         return
     text = view.refusal.describe()
     if before.get("status") != "False" or before.get("message") != text:
