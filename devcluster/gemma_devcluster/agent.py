@@ -4,6 +4,9 @@ It works through the same API as everything else (lists, creates, patches /statu
 operator sees what it would see on a cluster: pods appear, run, finish with exit codes and
 termination messages; Jobs complete or fail by their podFailurePolicy and backoffLimit;
 Deployments roll out and report ready replicas. Pods asking for TPUs stay Pending, unschedulable.
+A pod the API server refuses (a missing ServiceAccount, say) is reported as those controllers
+report it: a Warning Event `FailedCreate` on the owner, and on a Deployment the ReplicaFailure
+condition its ReplicaSet would carry (there are no ReplicaSets here).
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import secrets
 import time
 from typing import Any
 
@@ -32,6 +34,9 @@ log = logging.getLogger("gemma_devcluster")
 
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 HASH_LABEL = "pod-template-hash"
+# The reason Job, ReplicaSet and StatefulSet controllers give a pod the API server refused
+# (kubernetes pkg/controller/controller_utils.go, FailedCreatePodReason).
+FAILED_CREATE = "FailedCreate"
 
 
 def _cond(obj: dict, type_: str) -> dict | None:
@@ -250,7 +255,7 @@ class NodeAgent:
             await self._create_pod(
                 job,
                 {label: meta["name"] for label in JOB_NAME_LABELS} | {"batch.kubernetes.io/job-completion-index": "0"},
-            )
+            )  # refused: reported in an Event, tried again at the next step, the Job's status unchanged
         ready = sum(
             1
             for p in active
@@ -285,8 +290,9 @@ class NodeAgent:
         for pod in old[:unavailable]:  # replace in place: an old pod goes before its successor starts
             await self._delete_pod(pod)
         room = replicas - len(current) - max(0, len(old) - unavailable - surge)
+        refused = None
         for _ in range(max(0, room)):
-            await self._create_pod(dep, {HASH_LABEL: template_hash})
+            refused = await self._create_pod(dep, {HASH_LABEL: template_hash}) or refused
         for pod in current[replicas:]:
             await self._delete_pod(pod)
 
@@ -324,36 +330,81 @@ class NodeAgent:
                 progressing,
             ],
         }
+        if refused:  # what the deployment controller copies from its ReplicaSet (deployment/sync.go)
+            status["conditions"].append(
+                {"type": "ReplicaFailure", "status": "True", "reason": FAILED_CREATE, "message": refused}
+            )
         if {k: (dep.get("status") or {}).get(k) for k in status} != status:
             await self.kube.patch("Deployment", meta["namespace"], meta["name"], {"status": status}, status=True)
 
     # ------------------------------------------------------------------ pods
 
-    async def _create_pod(self, owner: dict, extra_labels: dict[str, str]) -> None:
+    async def _create_pod(self, owner: dict, extra_labels: dict[str, str]) -> str | None:
+        """Create a pod of `owner`; when the API server refuses it, post the controllers' Warning
+        Event on the owner and return the API server's message."""
         meta, template = owner["metadata"], owner["spec"]["template"]
         pod_meta = template.get("metadata") or {}
-        await self.kube.create(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": f"{meta['name'][:52]}-{secrets.token_hex(3)[:5]}",
-                    "namespace": meta["namespace"],
-                    "labels": {**(pod_meta.get("labels") or {}), **extra_labels},
-                    "annotations": dict(pod_meta.get("annotations") or {}),
-                    "ownerReferences": [
-                        {
-                            "apiVersion": owner["apiVersion"],
-                            "kind": owner["kind"],
-                            "name": meta["name"],
-                            "uid": meta["uid"],
-                            "controller": True,
-                        }
-                    ],
-                },
-                "spec": template["spec"],
-            }
-        )
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "generateName": f"{meta['name'][:52]}-",
+                "namespace": meta["namespace"],
+                "labels": {**(pod_meta.get("labels") or {}), **extra_labels},
+                "annotations": dict(pod_meta.get("annotations") or {}),
+                "ownerReferences": [
+                    {
+                        "apiVersion": owner["apiVersion"],
+                        "kind": owner["kind"],
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": template["spec"],
+        }
+        try:
+            await self.kube.create(pod)
+        except ApiError as e:
+            if e.status not in (403, 422):
+                raise
+            await self._failed_create_event(owner, f"Error creating: {e.message}")
+            return e.message
+        return None
+
+    async def _failed_create_event(self, owner: dict, message: str) -> None:
+        """The controller's Warning Event on the owner; the same refusal again is the same Event
+        (the API server's event correlator counts repeats instead of adding Events)."""
+        meta = owner["metadata"]
+        key = hashlib.sha256(f"{meta['uid']}/{message}".encode()).hexdigest()[:16]
+        t = timestamp(now())
+        controller = {"Job": "job-controller", "Deployment": "replicaset-controller"}.get(owner["kind"], "controller")
+        try:
+            await self.kube.create(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Event",
+                    "metadata": {"name": f"{meta['name']}.{key}", "namespace": meta["namespace"]},
+                    "involvedObject": {
+                        "apiVersion": owner["apiVersion"],
+                        "kind": owner["kind"],
+                        "name": meta["name"],
+                        "namespace": meta["namespace"],
+                        "uid": meta["uid"],
+                    },
+                    "type": "Warning",
+                    "reason": FAILED_CREATE,
+                    "message": message,
+                    "count": 1,
+                    "firstTimestamp": t,
+                    "lastTimestamp": t,
+                    "source": {"component": controller},
+                }
+            )
+        except ApiError as e:
+            if e.status != 409:
+                raise
 
     async def _delete_pod(self, pod: dict) -> None:
         meta = pod["metadata"]

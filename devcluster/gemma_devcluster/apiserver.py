@@ -6,8 +6,9 @@ uid, resourceVersion, generation, timestamps and generateName; atomic list-then-
 from a resourceVersion (410 Gone when too old); a status subresource split from the main
 resource; JSON patch (with `test`) and merge patch; optimistic concurrency; label and field
 selectors; finalizers and garbage collection of owned objects; defaulting, pruning and schema
-validation of custom resources from their CRD; pod logs; and discovery and server-side tables
-in the shapes kubectl relies on. Every request is recorded as
+validation of custom resources from their CRD; ServiceAccount admission of pods (with the
+`default` ServiceAccount the serviceaccount controller keeps in every namespace); pod logs; and
+discovery and server-side tables in the shapes kubectl relies on. Every request is recorded as
 (verb, group, resource), and per User-Agent as a `Call` (with namespace and name), so tests can
 check RBAC against what the operator really calls, and not what the test itself calls.
 
@@ -248,6 +249,7 @@ class ApiServer(kmock.KubernetesScaffold):
             ("v1", "secrets", "Secret", set(), set()),
             ("v1", "services", "Service", {"status"}, {"svc"}),
             ("v1", "events", "Event", set(), {"ev"}),
+            ("v1", "serviceaccounts", "ServiceAccount", set(), {"sa"}),
             ("v1", "namespaces", "Namespace", {"status"}, {"ns"}),
             ("events.k8s.io/v1", "events", "Event", set(), {"ev"}),
             ("batch/v1", "jobs", "Job", {"status"}, set()),
@@ -445,6 +447,8 @@ class ApiServer(kmock.KubernetesScaffold):
             key = (kind.resource, meta.get("namespace"), meta["name"])
             if key in self.objects:
                 raise error(409, "AlreadyExists", f'{kind.resource.plural} "{meta["name"]}" already exists')
+            if kind.kind == "Pod" and kind.resource.group == "":
+                self._admit_service_account(obj, meta.get("generateName"))
             meta.update(
                 uid=str(uuid.uuid4()), creationTimestamp=timestamp(now()), generation=1, resourceVersion=self._next_rv()
             )
@@ -454,6 +458,38 @@ class ApiServer(kmock.KubernetesScaffold):
             self.objects[key] = obj
             self._emit(kind.resource, "ADDED", obj)
             return kmock.Response(status=201, payload=copy.deepcopy(obj))
+
+    def _admit_service_account(self, pod: dict[str, Any], generate_name: str | None) -> None:
+        """ServiceAccount admission (kube-apiserver's plugin/pkg/admission/serviceaccount): a pod
+        names `default` when it names none, and is refused (403 Forbidden) when its ServiceAccount
+        does not exist. The message is the API server's: it names the pod (its generateName while it
+        has no name yet), as Job and ReplicaSet controllers then repeat it in their FailedCreate Events."""
+        meta, spec = pod["metadata"], pod.setdefault("spec", {})
+        namespace = meta["namespace"]
+        account = spec["serviceAccountName"] = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
+        if account == "default":
+            self._default_service_account(namespace)
+        if (self.resource_of("v1", "serviceaccounts"), namespace, account) in self.objects:
+            return
+        shown = generate_name if generate_name and meta["name"].startswith(generate_name) else meta["name"]
+        raise error(
+            403,
+            "Forbidden",
+            f'pods "{shown}" is forbidden: error looking up service account {namespace}/{account}: '
+            f'serviceaccount "{account}" not found',
+        )
+
+    def _default_service_account(self, namespace: str) -> None:
+        """The serviceaccount controller's `default` ServiceAccount. Namespaces spring into being
+        here on first use, so it is made when a pod first needs it."""
+        res = self.resource_of("v1", "serviceaccounts")
+        key = (res, namespace, "default")
+        if res not in self._kinds or key in self.objects:
+            return
+        meta = {"name": "default", "namespace": namespace, "uid": str(uuid.uuid4())}
+        meta.update(creationTimestamp=timestamp(now()), generation=1, resourceVersion=self._next_rv())
+        self.objects[key] = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
+        self._emit(res, "ADDED", self.objects[key])
 
     async def _patch(self, request: kmock.Request) -> dict[str, Any]:
         kind = self._kind(request.resource)

@@ -177,6 +177,22 @@ async def _serving_port(kube: Kube, serve: dict | None) -> int | None:
     return None
 
 
+def _service_accounts(docs: list[dict], settings: OperatorSettings) -> list[tuple[str, str]]:
+    """(namespace, name) of the ServiceAccounts the CRs' pods run as: what the chart creates in a
+    workload namespace, and any other a CR names (the local API refuses pods without theirs, as
+    ServiceAccount admission does)."""
+    defaults = {api.FINETUNE.kind: settings.training_service_account, api.SERVE.kind: settings.serving_service_account}
+    found = {
+        (
+            d["metadata"].get("namespace") or "default",
+            (d.get("spec") or {}).get("serviceAccountName") or defaults[d["kind"]],
+        )
+        for d in docs
+        if d.get("kind") in defaults
+    }
+    return sorted((ns, sa) for ns, sa in found if sa and sa != "default")
+
+
 def _failure_details(apiserver: ApiServer, obj: dict) -> str:
     """The last log lines of the failed pod of a resource, for a plain report."""
     name = obj["metadata"]["name"]
@@ -224,6 +240,9 @@ async def run(args: argparse.Namespace, stop: asyncio.Event, own_signals: bool =
             docs = [
                 d for f in sorted(Path(args.examples).glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d
             ]
+            for namespace, account in _service_accounts(docs, settings):
+                meta = {"name": account, "namespace": namespace}
+                await kube.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta})
             for doc in docs:
                 await kube.create(doc)
             applied = ", ".join(f"{d['kind']}/{d['metadata']['name']}" for d in docs)

@@ -73,7 +73,8 @@ KINDS: dict[str, KindInfo] = {
         "monitoring.googleapis.com/v1", "podmonitorings", OPTIONAL, serving=True, mutable=("selector", "endpoints")
     ),
     "Pod": KindInfo("v1", "pods", frozenset({"list"})),
-    "Event": KindInfo("v1", "events", frozenset({"create"})),
+    # Created on our CRs; listed for the FailedCreate Events of the children's pods (pod_creation.py).
+    "Event": KindInfo("v1", "events", frozenset({"create", "list"})),
 }
 POD_LOG = "pods/log"  # read for live training progress
 

@@ -160,8 +160,10 @@ class Kube:
                 return None
             raise
 
-    async def list(self, kind: str, namespace: str | None, label_selector: str | None = None) -> list[dict]:
-        query = {"labelSelector": label_selector} if label_selector else None
+    async def list(
+        self, kind: str, namespace: str | None, label_selector: str | None = None, field_selector: str | None = None
+    ) -> list[dict]:
+        query = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v}
         return (await self._call("GET", self._path(kind, namespace), query=query))["items"]
 
     async def create(self, obj: dict) -> dict:

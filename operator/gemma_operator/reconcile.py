@@ -19,7 +19,7 @@ from typing import Any
 
 import kopf
 
-from gemma_operator import addons, api, failure_policy, prometheus_metrics, retries
+from gemma_operator import addons, api, failure_policy, pod_creation, prometheus_metrics, retries
 from gemma_operator.children import common, merge, serving, training
 from gemma_operator.clock import now
 from gemma_operator.kinds import KINDS, where
@@ -191,10 +191,12 @@ class Controller:
                 view.training_pods = await self._pods(kind, namespace, wl_name)
                 if failure_policy.outcome(view.training).state == "Running":
                     view.progress = await self._progress(view.training_pods)
+            view.refusal = await self._refusal(view.training, view.training_pods)
         else:
             view.merge = seen[("Job", merge.name(plan))] = await self.kube.get("Job", namespace, merge.name(plan))
             if view.merge is not None:
                 view.merge_pods = await self._pods("Job", namespace, merge.name(plan))
+            view.refusal = await self._refusal(view.merge, view.merge_pods)
         if status.get("run") and not same_run:
             selector = f"{common.FINETUNE_LABEL}={common.label_value(name)},{common.RUN_LABEL}!={plan.run}"
             for stale_kind in ("Job", "JobSet"):
@@ -214,6 +216,21 @@ class Controller:
     async def _pods(self, kind: str, namespace: str, workload: str) -> list[dict]:
         label = JOBSET_NAME_LABEL if kind == "JobSet" else JOB_NAME_LABEL
         return await self.kube.list("Pod", namespace, f"{label}={workload}")
+
+    async def _refusal(self, workload: dict | None, pods: list[dict]) -> pod_creation.Refusal | None:
+        """Why the API server refuses the workload's pods: the FailedCreate Events of its namespace
+        are read only while it has fewer pods than it runs."""
+        events = []
+        if pod_creation.may_be_refused(workload, pods):
+            events = await self._failed_create_events(workload["metadata"]["namespace"])
+        return pod_creation.refusal(workload, pods, events)
+
+    async def _failed_create_events(self, namespace: str) -> list[dict]:
+        """The namespace's FailedCreate Warning Events, selected by the API server (`reason` and
+        `type` are selectable fields of core/v1 Events: pkg/registry/core/event/strategy.go)."""
+        return await self.kube.list(
+            "Event", namespace, field_selector=f"reason={pod_creation.FAILED_CREATE},type=Warning"
+        )
 
     async def _progress(self, pods: list[dict]) -> Progress | None:
         """The latest progress line of the coordinating (index 0) training pod's log."""
@@ -281,6 +298,7 @@ class Controller:
             if view.workload is not None:
                 sel = ",".join(f"{k}={v}" for k, v in serving.selector(plan).items())
                 view.pods = await self.kube.list("Pod", namespace, sel)
+            view.refusal = await self._refusal(view.workload, view.pods)
         decision = serve_lifecycle.decide(view, self.settings)
         written = await self._apply(body, decision, seen)
         self.tracker.observe(api.SERVE.kind, namespace, name, decision.status.get("phase"))

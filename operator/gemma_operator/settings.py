@@ -28,16 +28,18 @@ class Images(_Settings):
     workloads: str = Field(
         default="ghcr.io/gemma-tpu-operator/workloads:0.1.0", description="Image of the training and merge pods."
     )
-    # vLLM-TPU: the tag the seed paper served Gemma 4 with (pin a digest in production).
-    serving_tpu: str = Field(default="vllm/vllm-tpu:gemma4", description="vLLM image of TPU servers.")
+    # Built from pinned releases by `make images` (workloads/vllm-tpu, workloads/vllm-cpu): vllm-tpu
+    # 0.32.0 from PyPI rather than a floating upstream tag; pin a digest in production.
+    serving_tpu: str = Field(
+        default="ghcr.io/gemma-tpu-operator/vllm-tpu:0.32.0", description="vLLM image of TPU servers."
+    )
     serving_cpu: str = Field(
         default="ghcr.io/gemma-tpu-operator/vllm-cpu:0.32.0", description="vLLM image of servers on CPU nodes."
     )
-    # The LWS vLLM-TPU example's path. vLLM has moved the script between versions
-    # (examples/online_serving/ and examples/ray_serving/), and which one serving_tpu's tag
-    # ships was not verified: change it with the image.
+    # vLLM has moved its multi-host launcher between versions (examples/online_serving/ and
+    # examples/ray_serving/); the serving_tpu image puts the one of its release here.
     serving_tpu_ray_script: str = Field(
-        default="/workspace/vllm/examples/online_serving/multi-node-serving.sh",
+        default="/opt/vllm/multi-node-serving.sh",
         description="Script in the serving_tpu image that starts a Ray head (multi-host leader) or joins it.",
     )
 
@@ -149,8 +151,14 @@ class OperatorSettings(_Settings):
         default="1Gi",
         description="gke-gcsfuse/memory-limit of the merge's Cloud Storage FUSE sidecar.",
     )
-    workload_service_account: str | None = Field(
-        default=None, description="ServiceAccount for workload pods when a CR names none."
+    # The identities the chart creates in each workload namespace (docs/identities.md); None: the
+    # namespace's `default` ServiceAccount.
+    training_service_account: str | None = Field(
+        default="gemma-trainer",
+        description="ServiceAccount of training and merge pods of GemmaFineTunes that name none.",
+    )
+    serving_service_account: str | None = Field(
+        default="gemma-server", description="ServiceAccount of vLLM pods of GemmaServes that name none."
     )
     kueue_queue: str | None = Field(
         default=None, description="Kueue LocalQueue for training workloads of CRs that carry no queue label."

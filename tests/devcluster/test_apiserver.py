@@ -1,6 +1,7 @@
 """The in-process API behaves like the API server where the operator depends on it."""
 
 import asyncio
+import json
 
 import kubernetes
 import pytest
@@ -156,3 +157,33 @@ async def test_kubectl_get_gets_the_printer_columns(apiserver):
     names = [c["name"] for c in table["columnDefinitions"]]
     assert table["kind"] == "Table" and names[:4] == ["Name", "Phase", "Step", "Total"]
     assert table["rows"][0]["cells"][:4] == ["a", "Training", 3, 10]
+
+
+async def test_service_account_admission_refuses_a_pod_whose_account_is_missing(apiserver):
+    """kube-apiserver's ServiceAccount admission plugin (plugin/pkg/admission/serviceaccount): a pod
+    names `default` when it names none; one whose ServiceAccount does not exist is Forbidden, the
+    message naming the pod by its generateName while it has no name. The serviceaccount controller
+    keeps `default` in every namespace."""
+    core = kubernetes.client.CoreV1Api(client(apiserver))
+    containers = [{"name": "c", "image": "i"}]
+    pod = {
+        "metadata": {"generateName": "trainer-"},
+        "spec": {"serviceAccountName": "gemma-trainer", "containers": containers},
+    }
+    with pytest.raises(ApiException) as e:
+        await call(core.create_namespaced_pod, "ml", pod)
+    assert e.value.status == 403
+    assert json.loads(e.value.body)["message"] == (
+        'pods "trainer-" is forbidden: error looking up service account ml/gemma-trainer: '
+        'serviceaccount "gemma-trainer" not found'
+    )
+    await call(core.create_namespaced_service_account, "ml", {"metadata": {"name": "gemma-trainer"}})
+    created = await call(core.create_namespaced_pod, "ml", pod)
+    assert created.metadata.name.startswith("trainer-") and created.spec.service_account_name == "gemma-trainer"
+
+    plain = await call(
+        core.create_namespaced_pod, "lab", {"metadata": {"name": "p"}, "spec": {"containers": containers}}
+    )
+    assert plain.spec.service_account_name == "default"
+    accounts = await call(core.list_namespaced_service_account, "lab")
+    assert [a.metadata.name for a in accounts.items] == ["default"]

@@ -136,6 +136,10 @@ async def test_the_gate_rolls_out_the_fine_tune_that_improves_and_not_the_one_th
         cluster = Cluster(apiserver)
         try:
             await asyncio.wait_for(ready.wait(), 30)
+            for account in (settings.training_service_account, settings.serving_service_account):  # the chart's
+                await kube.create(
+                    {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": NS}}
+                )
             await cluster.kube.create(SERVE)
             await cluster.kube.create(fine_tune("right.jsonl", 200))
             good = await succeeded(cluster)

@@ -167,7 +167,7 @@ def test_multi_host_v6e_is_a_leader_worker_set():
     leader, worker = tmpl["leaderTemplate"]["spec"]["containers"][0], tmpl["workerTemplate"]["spec"]["containers"][0]
     assert leader["resources"]["limits"]["google.com/tpu"] == "4" == worker["resources"]["limits"]["google.com/tpu"]
     script = leader["command"][2]
-    launcher = "bash /workspace/vllm/examples/online_serving/multi-node-serving.sh"
+    launcher = "bash /opt/vllm/multi-node-serving.sh"
     assert f"{launcher} leader --ray_cluster_size=$(LWS_GROUP_SIZE) --ray_init_timeout=914 ||" in script
     served = shlex.split(script.split("; exec ", 1)[1])
     assert served[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]

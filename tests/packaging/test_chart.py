@@ -23,9 +23,14 @@ VARIANTS = {
     "replicas-2": {"replicas": 2},
     "workload-identity": {
         "serviceAccount": {"gcpServiceAccount": "gemma-operator@proj.iam.gserviceaccount.com"},
-        "workloads": {"serviceAccount": {"gcpServiceAccount": "gemma-train@proj.iam.gserviceaccount.com"}},
+        "workloads": {
+            "training": {"serviceAccount": {"gcpServiceAccount": "gemma-train@proj.iam.gserviceaccount.com"}},
+            "serving": {"serviceAccount": {"gcpServiceAccount": "gemma-serve@proj.iam.gserviceaccount.com"}},
+        },
     },
+    "workload-namespaces": {"workloads": {"namespaces": ["ml"], "createNamespaces": True}},
 }
+WORKLOAD_ACCOUNTS = {"gemma-trainer", "gemma-server"}
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Namespace"}
 
 
@@ -72,6 +77,7 @@ def test_default_install():
             "ConfigMap",
             "Deployment",
             "Service",
+            "ServiceAccount",
             "ServiceAccount",
             "ServiceAccount",
         ]
@@ -138,12 +144,18 @@ def test_metrics_port_service_and_service_monitor():
     assert not [o for o in objects() if o["kind"] == "ServiceMonitor"], "off by default"
 
 
-def test_settings_are_operator_settings_with_the_workloads_service_account():
+def test_settings_are_operator_settings_with_the_workloads_service_accounts():
     objs = objects({"settings": {"kueue_queue": "team-a", "serving_node_pools": {"2x4": "v6e-pool"}}})
     cm = one(objs, "ConfigMap")
     settings = OperatorSettings.model_validate(yaml.safe_load(cm["data"]["settings.yaml"]))
     assert settings.kueue_queue == "team-a" and settings.serving_node_pools == {"2x4": "v6e-pool"}
-    assert settings.workload_service_account == "gemma-tpu-workloads"
+    assert (settings.training_service_account, settings.serving_service_account) == ("gemma-trainer", "gemma-server")
+    renamed = {"workloads": {"serving": {"serviceAccount": {"name": "vllm"}}}}
+    settings = OperatorSettings.model_validate(
+        yaml.safe_load(one(objects(renamed), "ConfigMap")["data"]["settings.yaml"])
+    )
+    assert settings.serving_service_account == "vllm" and settings.training_service_account == "gemma-trainer"
+    assert "vllm" in {o["metadata"]["name"] for o in objects(renamed) if o["kind"] == "ServiceAccount"}
     c = container(objs)
     mount = next(m for m in c["volumeMounts"] if m["name"] == "settings")
     assert flag(c, "settings") == [f"{mount['mountPath']}/settings.yaml"]
@@ -162,28 +174,60 @@ def test_values_show_the_operators_defaults():
     assert values == {k: defaults[k] for k in values}
 
 
-def test_the_workloads_service_account_has_no_rights_and_no_token():
+def test_the_workload_service_accounts_have_no_rights_and_no_token():
     objs = objects({"watchNamespaces": ["ml", "lab"]})
-    workloads = [o for o in objs if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == "gemma-tpu-workloads"]
-    assert sorted(o["metadata"]["namespace"] for o in workloads) == ["lab", "ml"], "created where the CRs live"
+    workloads = [o for o in objs if o["kind"] == "ServiceAccount" and o["metadata"]["name"] in WORKLOAD_ACCOUNTS]
+    assert sorted((o["metadata"]["namespace"], o["metadata"]["name"]) for o in workloads) == [
+        ("lab", "gemma-server"),
+        ("lab", "gemma-trainer"),
+        ("ml", "gemma-server"),
+        ("ml", "gemma-trainer"),
+    ], "both identities, created where the CRs live"
     assert all(o["automountServiceAccountToken"] is False for o in workloads)
     subjects = [s["name"] for o in objs if o["kind"].endswith("Binding") for s in o["subjects"]]
-    assert "gemma-tpu-workloads" not in subjects
+    assert not WORKLOAD_ACCOUNTS & set(subjects)
+
+
+def test_workload_namespaces_are_created_only_when_asked_and_kept_on_uninstall():
+    """`helm install` fails on an object in a namespace that does not exist (the API server answers
+    404 NotFound for the namespace): workloads.createNamespaces creates them."""
+    asked = objects(VARIANTS["workload-namespaces"])
+    [namespace] = [o for o in asked if o["kind"] == "Namespace"]
+    assert namespace["metadata"]["name"] == "ml"
+    assert namespace["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert {o["metadata"]["namespace"] for o in asked if o["kind"] == "ServiceAccount"} == {"ml", NAMESPACE}
+    assert not [o for o in objects({"workloads": {"namespaces": ["ml"]}}) if o["kind"] == "Namespace"]
+    release_ns = {"workloads": {"namespaces": [NAMESPACE], "createNamespaces": True}}
+    assert not [o for o in objects(release_ns) if o["kind"] == "Namespace"], "helm --create-namespace makes that one"
+
+
+def test_notes_say_where_the_identities_are_and_what_they_need():
+    notes = render_notes({"workloads": {"namespaces": ["ml"]}})
+    assert "Workload pods run in the namespaces ml (they must exist: or set workloads.createNamespaces=true)" in notes
+    assert "gemma-trainer: training and merge pods; needs roles/storage.objectUser" in notes
+    assert (
+        "gemma-server: serving pods; needs roles/storage.objectViewer on the models and roles/storage.objectUser"
+        in notes
+    )
+    assert "must exist" not in render_notes({"workloads": {"namespaces": ["ml"], "createNamespaces": True}})
+
+
+def render_notes(values: dict) -> str:
+    chart = helm_python.Chart.load(str(CHART))
+    rendered = chart.render(values, name="gemma-tpu-operator", namespace=NAMESPACE, is_install=True)
+    return next(text for path, text in rendered.items() if path.endswith("NOTES.txt"))
 
 
 def test_workload_identity_annotations():
     objs = objects(VARIANTS["workload-identity"])
-    accounts = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ServiceAccount"}
     annotation = "iam.gke.io/gcp-service-account"
-    assert (
-        accounts["gemma-tpu-operator"]["metadata"]["annotations"][annotation]
-        == "gemma-operator@proj.iam.gserviceaccount.com"
-    )
-    assert (
-        accounts["gemma-tpu-workloads"]["metadata"]["annotations"][annotation]
-        == "gemma-train@proj.iam.gserviceaccount.com"
-    )
-    assert "annotations" not in one(objects(), "ServiceAccount", "gemma-tpu-workloads")["metadata"]
+    accounts = {
+        o["metadata"]["name"]: o["metadata"].get("annotations", {}) for o in objs if o["kind"] == "ServiceAccount"
+    }
+    assert accounts["gemma-tpu-operator"][annotation] == "gemma-operator@proj.iam.gserviceaccount.com"
+    assert accounts["gemma-trainer"][annotation] == "gemma-train@proj.iam.gserviceaccount.com"
+    assert accounts["gemma-server"][annotation] == "gemma-serve@proj.iam.gserviceaccount.com"
+    assert "annotations" not in one(objects(), "ServiceAccount", "gemma-trainer")["metadata"]
 
 
 def test_namespaced_mode_has_no_cluster_scoped_rights():
@@ -246,6 +290,9 @@ def test_versions_agree():
         ({"metrics": {"port": 70000}}, "/metrics/port"),
         ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
         ({"serviceAccount": {"gcpServiceAccount": "not-an-email"}}, "/serviceAccount/gcpServiceAccount"),
+        ({"workloads": {"serviceAccount": {"name": "gemma-tpu-workloads"}}}, "/workloads"),
+        ({"workloads": {"training": {"serviceAccount": {"name": ""}}}}, "/workloads/training/serviceAccount/name"),
+        ({"workloads": {"createNamespaces": "yes"}}, "/workloads/createNamespaces"),
         ({"settings": {"prices_per_chip_hour": {"v5p": "cheap"}}}, "/settings/prices_per_chip_hour/v5p"),
         ({"settings": {"hbm_usable_fraction": 1.5}}, "/settings/hbm_usable_fraction"),
         ({"settings": {"imagez": {}}}, "/settings"),

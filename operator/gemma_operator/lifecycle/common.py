@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gemma_operator import pod_creation
 from gemma_operator.addons import Missing
 from gemma_operator.conditions import condition, set_condition
 from gemma_operator.health import kstatus_conditions
@@ -26,6 +27,7 @@ class ResourceView:
     owner: dict[str, Any] | None  # the ownerReference its children carry
     now: datetime.datetime
     missing: list[Missing] = field(default_factory=list)  # add-ons the spec needs that the cluster lacks
+    refusal: pod_creation.Refusal | None = None  # why the API server refuses the current workload's pods
 
 
 @dataclass
@@ -58,6 +60,23 @@ def _held_by_missing_addons(view: ResourceView, st: dict, d: Decision) -> bool:
     return False
 
 
+def _pods_refused(view: ResourceView, st: dict, d: Decision) -> None:
+    """The PodsCreated condition: False with the API server's refusal (and one Warning Event when
+    it appears or changes), True again once pods exist. The phase stays: the cause may go away by
+    itself (a quota freed, a ServiceAccount created), and the workload's controller keeps trying."""
+    before = condition(st.get("conditions"), pod_creation.CONDITION) or {}
+    if view.refusal is None:
+        if before.get("status") == "False":
+            set_cond(view, st, pod_creation.CONDITION, True, pod_creation.CREATED, "no pod of the workload is refused")
+        return
+    text = view.refusal.describe()
+    if before.get("status") != "False" or before.get("message") != text:
+        d.events.append(("Warning", pod_creation.REFUSED, text))
+    set_cond(view, st, pod_creation.CONDITION, False, pod_creation.REFUSED, text)
+    if st.get("phase") in ("Pending", "Deploying"):
+        st["message"] = text
+
+
 def decide_with(
     view: ResourceView, advance: Callable[[Decision], None], invalid: Callable[[dict, str], None]
 ) -> Decision:
@@ -76,6 +95,7 @@ def decide_with(
         set_cond(view, st, "InvalidSpec", False, "Valid", "")
         if not _held_by_missing_addons(view, st, d):
             advance(d)
+            _pods_refused(view, st, d)
     for type_, value, reason, message in kstatus_conditions(st):
         set_cond(view, st, type_, value, reason, message)
     if st.get("phase") != before or not before:

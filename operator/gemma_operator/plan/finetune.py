@@ -357,7 +357,7 @@ def plan_finetune(
         image=spec.images.training or settings.images.workloads,
         merge_image=spec.images.merge or settings.images.workloads,
         merge_memory_gib=_merge_memory_gib(shape, spec, merge.workers),
-        service_account=spec.service_account_name or settings.workload_service_account,
+        service_account=spec.service_account_name or settings.training_service_account,
         queue=(labels or {}).get("kueue.x-k8s.io/queue-name") or settings.kueue_queue,
         merge_queue=settings.merge_kueue_queue,
         price_per_chip_hour=price.per_chip_hour,

@@ -158,7 +158,7 @@ def plan_serve(
         tensor_parallel=tp,
         memory=memory,
         image=image,
-        service_account=spec.service_account_name or settings.workload_service_account,
+        service_account=spec.service_account_name or settings.serving_service_account,
         queue=(labels or {}).get("kueue.x-k8s.io/queue-name") or settings.serving_kueue_queue,
         startup_seconds=startup,
         staging=staging,
