@@ -8,6 +8,11 @@ throttling they are the ones that get the 429s), during the burst and in steady 
 re-reconciled once more), and, in the same run, a bare client creating the same ConfigMap + Job
 pairs itself (the API's own limit).
 
+--poll-reads N starts another operator with a short poll period, sets N fine-tunes training (a
+running pod with a progress line each), and counts the operator's reads (get, list; watches
+aside) for a while: reads per CR per minute, and per CR per poll, what a cluster's API server pays
+for live progress.
+
 With --fault-rate, the in-process API fails that share of the operator's writes (500 before or
 after the write, 429 with Retry-After), closes its watches every few seconds and answers some
 resumes 410, and the operator polls at its default period: the figures then include the time
@@ -15,6 +20,7 @@ until every CR's status records its children (statuses that tell the truth).
 
     python benchmarks/operator_scale.py --count 1000
     python benchmarks/operator_scale.py --count 20 --fault-rate 0.2
+    python benchmarks/operator_scale.py --count 0 --poll-reads 100
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from gemma_operator.children import training_objects
 from gemma_operator.kube import USER_AGENT, Kube
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
+from gemma_workloads.config import Progress
 
 BENCH_AGENT = "operator-scale-benchmark"  # this script's own requests, told apart from the operator's
 
@@ -138,8 +145,8 @@ async def truthful(kube: Kube, crs: list[dict], limit: float) -> float | None:
     return None
 
 
-async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) -> dict:
-    url = str(api.url).rstrip("/")
+def start_operator(url: str, workdir: Path, settings: dict) -> subprocess.Popen:
+    """`gemma-tpu operator` in its own process, against the API at `url`."""
     kubeconfig = workdir / "kubeconfig"
     kubeconfig.write_text(
         yaml.safe_dump(
@@ -153,11 +160,10 @@ async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) 
             }
         )
     )
-    settings = workdir / "settings.yaml"
-    faulty = api.write_fault_rate > 0  # then the poller runs at its default period, as on a cluster
-    settings.write_text(yaml.safe_dump({} if faulty else {"progress_poll_seconds": 3600}))  # events, not polling
+    path = workdir / "settings.yaml"
+    path.write_text(yaml.safe_dump(settings))
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -169,12 +175,27 @@ async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) 
             "--metrics-port",
             "0",
             "--settings",
-            str(settings),
+            str(path),
         ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=(workdir / "operator.log").open("w"),
     )
+
+
+async def terminate(proc: subprocess.Popen) -> None:
+    proc.terminate()  # the API server shares this loop: keep serving while kopf shuts down
+    for _ in range(600):
+        if proc.poll() is not None:
+            return
+        await asyncio.sleep(0.05)
+    proc.kill()
+
+
+async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) -> dict:
+    url = str(api.url).rstrip("/")
+    faulty = api.write_fault_rate > 0  # then the poller runs at its default period, as on a cluster
+    proc = start_operator(url, workdir, {} if faulty else {"progress_poll_seconds": 3600})  # events, not polling
     peak = 0
     kube = Kube.from_url(url, user_agent=BENCH_AGENT)
     try:
@@ -203,13 +224,7 @@ async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) 
             await kube.patch(cr["kind"], "bench", cr["metadata"]["name"], {"metadata": {"labels": {"touched": "1"}}})
         await settle(api)
     finally:
-        proc.terminate()  # the API server shares this loop: keep serving while kopf shuts down
-        for _ in range(600):
-            if proc.poll() is not None:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            proc.kill()
+        await terminate(proc)
     latencies = []
     for (plural, name), t in api.created.items():
         if plural == "jobs":
@@ -225,6 +240,94 @@ async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) 
         "steady_409": share(api.creates, burst),
         "statuses_s": statuses,
     }
+
+
+def operator_reads(api: Timed) -> tuple[int, int]:
+    """The operator's reads so far (get, list), and its polls (each lists the GemmaFineTunes)."""
+    calls = [
+        (call, n)
+        for agent, made in api.calls_by_agent.items()
+        if agent.startswith(USER_AGENT)
+        for call, n in made.items()
+    ]
+    reads = sum(n for call, n in calls if call.verb in ("get", "list"))
+    polls = sum(n for call, n in calls if call.verb == "list" and call.resource == "gemmafinetunes")
+    return reads, polls
+
+
+async def next_poll(api: Timed, at_least: int = 0) -> tuple[int, int]:
+    """Wait for a poll to start (the `at_least`-th, or the next); the reads made before it."""
+    _, polls = operator_reads(api)
+    target = max(at_least, polls + 1)
+    while True:
+        reads, polls = operator_reads(api)
+        if polls >= target:
+            return reads, polls
+        await asyncio.sleep(0.01)
+
+
+async def poll_reads(api: Timed, count: int, period: float, polls_wanted: int, workdir: Path) -> dict:
+    """The operator's reads while `count` fine-tunes train, each with a running pod whose log
+    moves on between polls (so each poll has progress to write)."""
+    url = str(api.url).rstrip("/")
+    proc = start_operator(url, workdir, {"progress_poll_seconds": period})
+    kube = Kube.from_url(url, user_agent=BENCH_AGENT)
+    try:
+        await asyncio.sleep(3)  # let kopf log in and start its watches
+        crs = [fine_tune(f"tr-{i:05d}", "train") for i in range(count)]
+        await create_all(kube, crs, 8)
+        jobs = []
+        while len(jobs) < count:
+            if proc.poll() is not None:
+                raise RuntimeError("the operator exited:\n" + (workdir / "operator.log").read_text()[-3000:])
+            await asyncio.sleep(0.2)
+            jobs = await kube.list("Job", "train")
+        pods = []
+        for job in jobs:
+            name = job["metadata"]["name"]
+            pod = await kube.create(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": f"{name}-0",
+                        "namespace": "train",
+                        "labels": {
+                            "batch.kubernetes.io/job-name": name,
+                            "batch.kubernetes.io/job-completion-index": "0",
+                        },
+                    },
+                    "spec": {"containers": [{"name": "trainer", "image": "img"}]},
+                }
+            )
+            status = {"phase": "Running", "containerStatuses": [{"name": "trainer", "state": {"running": {}}}]}
+            await kube.patch("Pod", "train", pod["metadata"]["name"], {"status": status}, status=True)
+            await kube.patch("Job", "train", name, {"status": {"active": 1, "ready": 1}}, status=True)
+            pods.append(pod["metadata"]["name"])
+        step = 0
+
+        async def progress() -> None:
+            nonlocal step
+            while True:
+                step += 1
+                for pod in pods:
+                    api.pod_logs[("train", pod)] = Progress(step=step, total_steps=1000, loss=1.0).line()
+                await asyncio.sleep(period)
+
+        mover = asyncio.create_task(progress())
+        await asyncio.sleep(3 * period)  # every CR Training, its status written at least once
+        # Whole polls only: from the start of one (its list of GemmaFineTunes) to the start of another.
+        reads_before, polls_before = await next_poll(api)
+        start = time.perf_counter()
+        reads, polls = await next_poll(api, polls_before + polls_wanted)
+        reads, polls, seconds = reads - reads_before, polls - polls_before, time.perf_counter() - start
+        mover.cancel()
+        training = sum(
+            (o.get("status") or {}).get("phase") == "Training" for o in await kube.list("GemmaFineTune", "train")
+        )
+    finally:
+        await terminate(proc)
+    return {"reads": reads, "polls": polls, "seconds": seconds, "training": training}
 
 
 async def run_bare(api: Timed, count: int, concurrency: int) -> dict:
@@ -248,14 +351,29 @@ async def run_bare(api: Timed, count: int, concurrency: int) -> dict:
     return {"total_s": time.perf_counter() - start}
 
 
-async def main(count: int, concurrency: int, fault_rate: float) -> None:
+async def main(count: int, concurrency: int, fault_rate: float, poll_count: int, poll_period: float) -> None:
     faults = dict(write_fault_rate=fault_rate, watch_lifetime=5.0, expire_rate=0.2) if fault_rate else {}
     async with Timed(**faults) as api, kmock.Server(api):
         api.register_defaults()
-        with tempfile.TemporaryDirectory() as tmp:
-            op = await run_operator(api, count, concurrency, Path(tmp))
-        api.calm()
-        bare = await run_bare(api, count, concurrency)
+        if count:
+            with tempfile.TemporaryDirectory() as tmp:
+                op = await run_operator(api, count, concurrency, Path(tmp))
+            api.calm()
+            bare = await run_bare(api, count, concurrency)
+            report(op, bare, api, count, concurrency, fault_rate)
+        if poll_count:
+            with tempfile.TemporaryDirectory() as tmp:
+                polled = await poll_reads(api, poll_count, poll_period, 5, Path(tmp))
+            per_minute = polled["reads"] / poll_count / (polled["seconds"] / 60)
+            print(f"GemmaFineTunes training:        {polled['training']}/{poll_count}, polled every {poll_period:g} s")
+            per_poll = polled["reads"] / poll_count / max(polled["polls"], 1)
+            print(
+                f"operator: reads per CR          {per_minute:.1f} per minute, {per_poll:.2f} per poll "
+                f"({polled['reads']} reads, {polled['polls']} polls in {polled['seconds']:.0f} s)"
+            )
+
+
+def report(op: dict, bare: dict, api: Timed, count: int, concurrency: int, fault_rate: float) -> None:
     lat = op["latencies"]
     print(f"GemmaFineTunes:                 {count} (created by {concurrency} concurrent clients)")
     print(
@@ -287,5 +405,7 @@ if __name__ == "__main__":
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--fault-rate", type=float, default=0.0, help="share of the operator's writes failed")
+    parser.add_argument("--poll-reads", type=int, default=0, metavar="N", help="fine-tunes training while polled")
+    parser.add_argument("--poll-period", type=float, default=2.0, help="seconds between polls for --poll-reads")
     args = parser.parse_args()
-    asyncio.run(main(args.count, args.concurrency, args.fault_rate))
+    asyncio.run(main(args.count, args.concurrency, args.fault_rate, args.poll_reads, args.poll_period))

@@ -15,6 +15,7 @@ import argparse
 import multiprocessing
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,6 +47,7 @@ def main() -> int:
     burners = [multiprocessing.Process(target=_burn, args=(stop,), daemon=True) for _ in range(args.load)]
     for b in burners:
         b.start()
+    keep = Path(tempfile.mkdtemp(prefix="stability-"))  # the output of failing runs
     passed = failed = 0
     try:
         for i in range(1, args.runs + 1):
@@ -62,7 +64,9 @@ def main() -> int:
             print(f"run {i}/{args.runs}: {'ok' if ok else 'FAILED'} in {time.monotonic() - started:.0f} s: {summary}")
             if not ok:
                 failures = [line for line in run.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
-                print("\n".join(f"    {line}" for line in failures), flush=True)
+                kept = keep / f"run-{i}.log"
+                kept.write_text(run.stdout + run.stderr)
+                print("\n".join(f"    {line}" for line in failures) + f"\n    whole output: {kept}", flush=True)
     finally:
         stop.set()
         for b in burners:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import logging
 import time
 from collections.abc import Callable
@@ -54,6 +55,7 @@ class Controller:
         self.reconciled: dict[tuple[str, str, str], str] = {}
         # ... and as that reconcile left it (its own status write's version, if it wrote one).
         self._latest: dict[tuple[str, str, str], str] = {}
+        self.watched_children = WatchedChildren()
         self.broken: str | None = None  # why a background task died, if one did
         self.on_fatal: Callable[[], None] | None = None  # stops the operator (runner.py)
 
@@ -67,6 +69,12 @@ class Controller:
         log.critical("the operator stops: %s", self.broken, exc_info=error)
         if self.on_fatal is not None:
             self.on_fatal()
+
+    def liveness(self) -> str:
+        """kopf's liveness probe: fails once a task the operator needs has died (it then stops too)."""
+        if self.broken:
+            raise kopf.PermanentError(self.broken)
+        return "ok"
 
     def forget(self, kind: str, namespace: str, name: str) -> None:
         self._locks.pop((kind, namespace, name), None)
@@ -319,6 +327,8 @@ class Controller:
             await self.kube.delete(obj["kind"], namespace, obj["metadata"]["name"])
         for obj in d.create:
             current = seen.get((obj["kind"], obj["metadata"]["name"]), UNREAD)
+            if current is UNREAD:  # not read in this reconcile: as its watch last delivered it, if it did
+                current = self.watched_children.get(obj["kind"], namespace, obj["metadata"]["name"])
             await self.kube.ensure(obj, KINDS[obj["kind"]].mutable, current)
         for kind, name, patch in d.patch:  # against the object as observed: a concurrent change answers 409
             observed = (seen.get((kind, name)) or {}).get("metadata", {}).get("resourceVersion")
@@ -362,6 +372,30 @@ class Controller:
                     st, meta = obj.get("status") or {}, obj["metadata"]
                     if st.get("phase") in ACTIVE or st.get("observedGeneration") != meta.get("generation"):
                         await self.reconcile(kind, meta["namespace"], meta["name"], obj)
+
+
+class WatchedChildren:
+    """The operator's children as their watches last delivered them, cut to what `Kube.ensure`
+    compares: re-applying a child that no reconcile reads (a ConfigMap) costs no read. A copy older
+    than the object makes ensure's patch answer 409, and the reconcile reads it again."""
+
+    def __init__(self) -> None:
+        self._objects: dict[tuple[str, str, str], dict] = {}
+
+    def saw(self, event: str, body: dict) -> None:
+        meta = body["metadata"]
+        key = (body["kind"], meta["namespace"], meta["name"])
+        if event == "DELETED":
+            self._objects.pop(key, None)
+            return
+        kept = {k: meta[k] for k in ("name", "namespace", "labels", "annotations", "resourceVersion") if k in meta}
+        self._objects[key] = {
+            "metadata": kept,
+            **{k: copy.deepcopy(body[k]) for k in ("spec", "data") if k in body},
+        }
+
+    def get(self, kind: str, namespace: str, name: str) -> dict | object:
+        return self._objects.get((kind, namespace, name), UNREAD)
 
 
 POLL_BACKOFF_CAP = 60.0  # seconds between polls at most, while the API cannot be reached
@@ -423,9 +457,10 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
         else:
             await controller.reconcile(api.SERVE.kind, namespace, name, watched=body)
 
-    async def child_event(body: kopf.Body, namespace: str, **_: Any) -> None:
+    async def child_event(type: str, body: kopf.Body, namespace: str, **_: Any) -> None:
         owner = owner_of(body)
         if owner:
+            controller.watched_children.saw(type, body)
             await controller.reconcile(owner[0], namespace, owner[1])
 
     for kind in where(wakes_owner=True):
@@ -441,10 +476,7 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
 
     @kopf.on.probe(id="background", registry=registry)
     def background(**_: Any) -> str:
-        """Liveness: fails once a task the operator needs has died (the process then stops too)."""
-        if controller.broken:
-            raise kopf.PermanentError(controller.broken)
-        return "ok"
+        return controller.liveness()
 
     @kopf.on.cleanup(registry=registry)
     async def stop_poller(memo: kopf.Memo, **_: Any) -> None:

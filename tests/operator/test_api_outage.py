@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 
+import kopf
 import kubernetes
 import pytest
 
@@ -159,3 +160,26 @@ async def test_two_replicas_through_an_outage_longer_than_the_lease(apiserver, c
     assert max(a_writes) < min(b_writes), "at no moment did both replicas write"
     assert max(a_writes) < cut_at + leader.RENEW_DEADLINE_SECONDS
     assert not [c for t, agent, c in apiserver.writes if agent.startswith("kopf/")], "kopf itself writes nothing"
+
+
+async def test_a_background_task_that_dies_stops_the_operator_and_fails_liveness(apiserver, caplog):
+    stop, ready = asyncio.Event(), asyncio.Event()
+    controller, tasks = await runner.spawn(
+        str(apiserver.url), OperatorSettings(progress_poll_seconds=0.05), stop, ready
+    )
+    await asyncio.wait_for(ready.wait(), 15)
+    try:
+        assert controller.liveness() == "ok"
+
+        async def a_bug() -> None:
+            raise KeyError("a bug, not an API error")
+
+        with caplog.at_level(logging.CRITICAL, "gemma_operator"):
+            controller._poll_once = a_bug  # the poller's next pass fails with what it does not handle
+            await asyncio.wait_for(stop.wait(), 10)  # the operator is told to stop, not left half alive
+        assert "the poller ended: KeyError" in controller.broken
+        assert any("the operator stops: the poller ended" in r.getMessage() for r in caplog.records)
+        with pytest.raises(kopf.PermanentError, match="the poller ended"):
+            controller.liveness()
+    finally:
+        await runner.stop(tasks, stop)

@@ -192,3 +192,26 @@ async def test_under_faults_and_a_restart_every_status_agrees_with_its_children(
     everything = [o for (res, _, _), o in apiserver.objects.items() if res.plural != "secrets"]
     assert SECRET not in repr(everything) + caplog.text
     assert base64.b64encode(SECRET.encode()).decode() not in repr(everything) + caplog.text
+
+
+async def test_a_condition_another_controller_adds_between_read_and_write_survives(apiserver, operator, cluster):
+    """Conditions are shared with other controllers (a policy engine, Kueue, a human): the
+    operator's status write must not drop one added after its read, however the two interleave."""
+    await cluster.apply(serve("chat").obj())
+    await cluster.wait_for(lambda: cluster.get("Deployment", NS, "chat-vllm"), message="Deployment")
+    await cluster.phase("GemmaServe", NS, "chat", "Deploying")
+    theirs = {"type": "PolicyChecked", "status": "True", "reason": "Allowed", "message": "by another controller"}
+
+    async def another_controller_writes() -> None:
+        current = await cluster.get("GemmaServe", NS, "chat")
+        conditions = [*current["status"]["conditions"], {**theirs, "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+        await cluster.kube.patch("GemmaServe", NS, "chat", {"status": {"conditions": conditions}}, status=True)
+
+    # Just before the operator's next status write is stored, the other controller writes first.
+    apiserver.interleave(another_controller_writes, "patch", "gemmaserves/status", "chat")
+    await cluster.deployment_ready(NS, "chat-vllm")
+    gsv = await cluster.phase("GemmaServe", NS, "chat", "Ready")
+    assert apiserver.injected[("another writer first", "patch gemmaserves/status")] == 1
+    by_type = {c["type"]: c for c in gsv["status"]["conditions"]}
+    assert by_type["PolicyChecked"]["message"] == "by another controller", "the other writer's condition survived"
+    assert by_type["Available"]["status"] == "True", "and the operator's own conditions were written"

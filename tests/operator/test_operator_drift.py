@@ -51,3 +51,24 @@ async def test_a_service_that_lost_its_labels_gets_them_back(operator, cluster):
 
 async def _labels_are(cluster, labels):
     return (await cluster.get("Service", NS, "chat-vllm"))["metadata"].get("labels") == labels
+
+
+async def test_a_running_job_and_its_config_changed_by_others_are_put_back(operator, cluster):
+    b = finetune("ft").tpu("v5p")
+    train = training.names(plan_finetune(b.name, NS, b.spec, OperatorSettings()))[0]
+    await cluster.apply(b.obj())
+    job = await cluster.job(NS, train)
+    await cluster.job_running(NS, train)
+    await cluster.phase("GemmaFineTune", NS, "ft", "Training")
+    labels = job["metadata"]["labels"]
+    want = (await cluster.get("ConfigMap", NS, train))["data"]
+    # Its watch selects the operator's Jobs by this label: without it, only the poller sees the Job.
+    await cluster.kube.patch("Job", NS, train, {"metadata": {"labels": {"app.kubernetes.io/managed-by": None}}})
+    await cluster.wait_for(lambda: _job_labels_are(cluster, train, labels), message="the Job's labels restored")
+    await cluster.kube.patch("ConfigMap", NS, train, {"data": {"train.json": "{}"}})
+    await cluster.wait_for(lambda: _data_is(cluster, train, want), message="the training config restored")
+    assert (await cluster.get("GemmaFineTune", NS, "ft"))["status"]["attempt"] == 1, "nothing was re-run"
+
+
+async def _job_labels_are(cluster, name, labels):
+    return (await cluster.get("Job", NS, name))["metadata"].get("labels") == labels
