@@ -9,9 +9,7 @@ missed them).
 The adapter is kept in float32 whatever the base's dtype (Qwix would make it in the base's):
 with |A| about 0.02, bf16 rounds away every update below ~1e-4, which is most of a 1e-4 cosine
 schedule, and weight decay with it. Optimizer state follows the parameters' dtype, so Adam's
-moments are float32 too. Each projection's output keeps the base's compute dtype, and the loss
-runs the adapter in it too (`computing_in`): float32 factors would turn every adapted
-projection's input into a float32 copy and its LoRA products into float32 matmuls.
+moments are float32 too. Each projection's output keeps the base's compute dtype.
 """
 
 from __future__ import annotations
@@ -105,23 +103,6 @@ def _create_adapter(model: nnx.Module, rngs: nnx.Rngs, inputs: dict) -> None:
     model.set_attributes(qwix_rngs=rngs, disable_quant_stats_update=True)
     nnx.jit(lambda m, kwargs: m(**kwargs))(model, inputs)
     model.set_attributes(qwix_rngs=None, disable_quant_stats_update=False)  # as Qwix leaves it
-
-
-@contextlib.contextmanager
-def computing_in(model: nnx.Module, dtype) -> Iterator[None]:
-    """Run the LoRA factors in `dtype` (the base's compute dtype) for calls traced inside: the
-    float32 factors stay the parameters, and their gradients come back through the cast in float32.
-    A no-op for a float32 model. Mixed precision as usual: bf16 products with float32 accumulation
-    instead of float32 products over float32 copies of bf16 activations."""
-    variables = [var for _, var in nnx.iter_graph(model) if isinstance(var, nnx.LoRAParam)]
-    kept = [var.get_value() for var in variables]
-    for var, value in zip(variables, kept, strict=True):
-        var.set_value(value.astype(dtype))
-    try:
-        yield
-    finally:
-        for var, value in zip(variables, kept, strict=True):
-            var.set_value(value)
 
 
 def lora_state(model: nnx.Module) -> nnx.State:

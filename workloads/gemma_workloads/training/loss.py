@@ -8,8 +8,7 @@ them in advance, the order being fixed), so the averaged gradient is that of the
 its tokens, whatever the micro-batch size, and so is the reported loss.
 
 With `chunk_tokens` the per-token losses come from cross_entropy.py, which never holds the whole
-float32 logits; the weighting is the same. The LoRA factors run in the model's compute dtype
-(lora.computing_in).
+float32 logits; the weighting is the same.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gemma_workloads.training import cross_entropy, lora
+from gemma_workloads.training import cross_entropy
 
 
 def token_weighted_nll(
@@ -33,16 +32,13 @@ def token_weighted_nll(
     """Next-token negative log-likelihood on the trained tokens, summed and scaled by `loss_scale`
     (one value per row, all equal); without it, the micro-batch's own mean."""
     mask = input_mask[:, 1:]
-    with lora.computing_in(model, model.config.dtype):
-        if chunk_tokens:
-            nll = cross_entropy.next_token_nll(
-                model, input_tokens, positions, attention_mask, chunk_tokens=chunk_tokens
-            )
-        else:
-            logits, _ = model(input_tokens, positions, None, attention_mask)
-            logits = logits[:, :-1].astype(jnp.float32)  # the last position predicts nothing here
-            targets = input_tokens[:, 1:]
-            nll = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    if chunk_tokens:
+        nll = cross_entropy.next_token_nll(model, input_tokens, positions, attention_mask, chunk_tokens=chunk_tokens)
+    else:
+        logits, _ = model(input_tokens, positions, None, attention_mask)
+        logits = logits[:, :-1].astype(jnp.float32)  # the last position predicts nothing here
+        targets = input_tokens[:, 1:]
+        nll = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     per_row = jnp.sum(jnp.where(mask, nll, 0.0), axis=1)
     if loss_scale is None:
         return per_row.sum() / jnp.maximum(mask.sum(), 1)
