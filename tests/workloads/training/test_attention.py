@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -172,3 +173,33 @@ def test_splash_runs_per_device_on_a_mesh():
     assert done.returncode == 0, done.stderr[-2000:]
     value_error, grad_error = map(float, done.stdout.split())
     assert value_error < 1e-5 and grad_error < 1e-4
+
+
+@pytest.mark.parametrize("window", [None, 100])
+def test_query_blocks_give_one_calls_attention_and_gradients(window):
+    """Head dims cuDNN cannot take (float32 here, head dim 512 on the 31B model's global layers) go
+    to XLA a block of queries at a time on the cuDNN path: same values and gradients as one call,
+    with packed segments and padding."""
+    rng = np.random.default_rng(0)
+    length = 768  # 6 blocks of 128
+    q = jnp.asarray(rng.normal(size=(2, length, 4, 64)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(2, length, 2, 64)), jnp.float32) for _ in range(2))
+    ids = np.zeros((2, length), np.int32)
+    ids[0, 300:700], ids[0, 700:] = 300, length + np.arange(700, length)  # a second example, then padding
+    segments = jnp.asarray(ids)
+    assert attention.query_block(length) == 128
+
+    def total(path):
+        return lambda q, k, v: (attention.dot_product(q, k, v, segments, window, path) ** 2).sum()
+
+    one_call = attention.dot_product(q, k, v, segments, window, "xla")
+    blocked = attention.dot_product(q, k, v, segments, window, "cudnn")
+    np.testing.assert_allclose(np.asarray(blocked), np.asarray(one_call), atol=1e-5, rtol=1e-5)
+    grads = jax.grad(total("cudnn"), (0, 1, 2))(q, k, v), jax.grad(total("xla"), (0, 1, 2))(q, k, v)
+    for got, want in zip(*grads, strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("length,block", [(3072, 512), (768, 128), (2048, None), (6 * 100, None)])
+def test_query_blocks_are_six_multiples_of_128(length, block):
+    assert attention.query_block(length) == block

@@ -7,8 +7,10 @@ class for `FusedAttention`, whose `block` keeps Tunix's projections, norms and R
 submodules, so Qwix LoRA still applies) and hands the core to one of:
 
 - "xla": `jax.nn.dot_product_attention(implementation="xla")`, any platform;
-- "cudnn": the same call with cuDNN flash attention (GPU, bf16/fp16, head dim <= 256: the 31B
-  model's global layers, head dim 512, fall back to "xla");
+- "cudnn": the same call with cuDNN flash attention (GPU, bf16/fp16, head dim <= 256); the 31B
+  model's global layers, head dim 512, take XLA a block of queries at a time (`query_blocks`),
+  each block against the keys up to its end only, which skips most of the masked half of the
+  scores that XLA would compute and hold;
 - "splash": Pallas splash attention (TPU; interpreted elsewhere, for tests), with a local mask on
   sliding layers and segment ids;
 - "reference": Tunix's own code, unchanged.
@@ -109,14 +111,48 @@ def dot_product_arguments(segments: jax.Array, window: int | None) -> dict:
 def dot_product(
     q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, window: int | None, path: Literal["xla", "cudnn"]
 ) -> jax.Array:
-    """`jax.nn.dot_product_attention` on `[B, T, N, H]` queries and `[B, S, K, H]` keys/values."""
+    """`jax.nn.dot_product_attention` on `[B, T, N, H]` queries and `[B, S, K, H]` keys/values; on
+    the cuDNN path, what cuDNN cannot take goes to XLA in query blocks where the row divides."""
+    implementation = dot_product_implementation(path, q.shape[-1], q.dtype)
+    if path == "cudnn" and implementation == "xla" and query_block(q.shape[1]) is not None:
+        return query_blocks(q, k, v, segments, window, query_block(q.shape[1]))
     return jax.nn.dot_product_attention(
-        q,
-        k,
-        v,
-        **dot_product_arguments(segments, window),
-        implementation=dot_product_implementation(path, q.shape[-1], q.dtype),
+        q, k, v, **dot_product_arguments(segments, window), implementation=implementation
     )
+
+
+QUERY_BLOCKS = 6  # 7/12 of the full scores at 6 blocks; more blocks skip more but launch smaller products
+
+
+def query_block(length: int) -> int | None:
+    """Queries per block for `query_blocks`: the row in `QUERY_BLOCKS` equal blocks of a multiple
+    of 128 tokens; None where it does not divide so (the row then takes one XLA call)."""
+    block, rest = divmod(length, QUERY_BLOCKS)
+    return block if rest == 0 and block % 128 == 0 else None
+
+
+def query_blocks(
+    q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, window: int | None, block: int
+) -> jax.Array:
+    """Causal attention a block of queries at a time, each against the keys up to its last query:
+    the same softmax over the same allowed keys per query as one call, with the scores above the
+    blocks' diagonal never computed (for 6 blocks, 7/12 of them are)."""
+    length = q.shape[1]
+    positions = jnp.arange(length)
+    out = []
+    for start in range(0, length, block):
+        end = start + block
+        allowed = positions[start:end, None] >= positions[None, :end]  # causal, aligned at the row's start
+        if window is not None:
+            allowed &= positions[start:end, None] - positions[None, :end] < window
+        same = segments[:, start:end, None] == segments[:, None, :end]
+        mask = (same & allowed[None])[:, None]  # [B, 1, block, end]
+        out.append(
+            jax.nn.dot_product_attention(
+                q[:, start:end], k[:, :end], v[:, :end], mask=mask, scale=1.0, implementation="xla"
+            )
+        )
+    return jnp.concatenate(out, axis=1)
 
 
 def _active_mesh() -> jax.sharding.Mesh | None:
