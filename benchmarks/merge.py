@@ -258,8 +258,9 @@ def _adapter_row(rows: list[dict]) -> str:
     return (
         f"{rows[0]['layers']} layers: adapter {both['adapter_bytes'] / 1e6:.1f} MB "
         f"({both['adapter_bytes'] / rows[0]['bytes']:.2%} of the merged model); it adds {added:+.1f} s "
-        f"({added / merged['seconds']:+.1%}) to the merge; adapter-only {alone['seconds']:.1f} s "
-        f"({alone['seconds'] / merged['seconds']:.2f}x the merged-only)"
+        f"({added / merged['seconds']:+.1%}) to the merge (CPU {both['cpu_seconds'] - merged['cpu_seconds']:+.1f} s); "
+        f"adapter-only {alone['seconds']:.1f} s ({alone['seconds'] / merged['seconds']:.2f}x the merged-only), "
+        "a bound on what it adds: that includes the start, imports and checkpoint restore a merge has anyway"
     )
 
 

@@ -250,7 +250,7 @@ def test_a_bf16_base_gets_a_bf16_adapter_that_peft_loads_exactly(lora_run, token
 def test_adapter_only_output_writes_no_merged_model_and_reruns_are_no_ops(tiny_single, lora_run, tmp_path):
     code, result = merge_into(tmp_path, tiny_single.path, lora_run, output="adapter")
     assert code == EXIT_OK, result
-    assert not (tmp_path / "merged").exists() and "output" not in result
+    assert not (tmp_path / "merged").exists() and "output" not in result and "tensors_merged" not in result
     assert result["adapter"] == str(tmp_path / "merged-adapter") and result["adapter_bytes"] > 0
     before = (tmp_path / "merged-adapter" / peft_export.WEIGHTS).read_bytes()
     code, again = merge_into(tmp_path, tiny_single.path, lora_run, output="adapter")

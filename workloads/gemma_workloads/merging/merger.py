@@ -221,7 +221,7 @@ def merge(config: MergeConfig) -> MergeResult:
             lambda: peft_export.export(adapter_dir, targets, ckpt.lora, base_model, dtype, inputs), config.output
         )
     if not want_merged:
-        return _result(None, {"merged": sorted(targets)}, 0, adapter, started)
+        return _result(None, None, 0, adapter, started)
     if done:
         return _result(output, done, 0, adapter, started)
     manifest, written = write_merged(config, output, inputs, base, ckpt, targets)
@@ -248,9 +248,8 @@ class _AdapterOutcome:
 def adapter_dtype(base: BaseCheckpoint, targets: dict[str, lora_mapping.Delta]) -> str:
     """The adapted tensors' dtype when they share one, float32 otherwise."""
     infos = {t.name: t for t in base.tensors}
-    names = {infos[k].dtype for k in targets}
-    by_name = {v: k for k, v in DTYPE_NAMES.items()}
-    return by_name[names.pop()] if len(names) == 1 and next(iter(names)) in by_name else "float32"
+    (dtype, *others) = {infos[k].dtype for k in targets}
+    return next((name for name, code in DTYPE_NAMES.items() if code == dtype and not others), "float32")
 
 
 def published_merge(output: Path, inputs: str) -> dict | None:
