@@ -5,8 +5,9 @@ streams them (`shard_pipeline`): a block of rows at a time, so memory holds the 
 a fixed number of blocks whatever the model's size, and tensors without LoRA go through as raw
 bytes. The output folder is built aside and published whole (`merge_output`): a killed merge
 resumes with the shards it had not finished, and an output already holding a merge of the same
-inputs is left as it is. Nothing is ever written to the base model or the checkpoints. Every
-input is checked first (preflight.py; as a program, before JAX is imported).
+inputs is left as it is. Beside it goes the same adapter as a Hugging Face PEFT folder
+(`peft_export`), or only that (`output: adapter`). Nothing is ever written to the base model or
+the checkpoints. Every input is checked first (preflight.py; as a program, before JAX is imported).
 """
 
 from __future__ import annotations
