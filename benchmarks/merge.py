@@ -5,7 +5,9 @@ Generates a synthetic bf16 checkpoint with the 31B model's full-width layers (hi
 and a rank-64 LoRA checkpoint for it, at two depths. For each it measures, each in a fresh
 process and with the files evicted from the page cache first:
 - copy: the base's files copied and synced (what the disk can do),
-- merge: what `python -m gemma_workloads merge` runs (streaming),
+- merge: what `python -m gemma_workloads merge` runs (streaming), merged model and PEFT adapter,
+- merged-only and adapter-only: the same with `output: merged` and `output: adapter`, so that
+  what the adapter adds to a merge is measured in the same run, with the adapter's size,
 - in-memory: the whole base loaded into RAM, merged and saved, as tunix's generic saver does.
 It prints seconds, GB/s, CPU seconds and peak RSS (VmHWM) of each and the ratios to the copy,
 then deletes everything it wrote. A shared disk's speed varies from minute to minute: with
@@ -114,18 +116,24 @@ def run_copy(base: Path, out: Path) -> None:
         os.close(fd)
 
 
-def run_merge(base: Path, ckpt: Path, out: Path) -> None:
+def run_merge(base: Path, ckpt: Path, out: Path, output: str = "both") -> None:
     from gemma_workloads.merging import merger as merge
 
     config = MergeConfig(
         base_model_path=str(base),
         checkpoint_dir=str(ckpt),
         output_dir=str(out),
+        adapter_dir=str(adapter_dir(out)),
+        output=output,
         dtype="bfloat16",
         workers=int(os.environ.get("MERGE_WORKERS", "2")),
         termination_log=os.devnull,
     )
     merge.merge(config)
+
+
+def adapter_dir(out: Path) -> Path:
+    return out.with_name(out.name + "-adapter")
 
 
 def run_in_memory(base: Path, ckpt: Path, out: Path) -> None:
@@ -157,7 +165,13 @@ def run_in_memory(base: Path, ckpt: Path, out: Path) -> None:
         os.close(fd)
 
 
-RUNS = {"copy": run_copy, "merge": run_merge, "in-memory": run_in_memory}
+RUNS = {
+    "copy": run_copy,
+    "merged-only": lambda base, ckpt, out: run_merge(base, ckpt, out, "merged"),
+    "merge": run_merge,
+    "adapter-only": lambda base, ckpt, out: run_merge(base, ckpt, out, "adapter"),
+    "in-memory": run_in_memory,
+}
 
 
 def measure(kind: str, *paths: Path) -> dict:
@@ -211,22 +225,43 @@ def main() -> None:
             lora_bytes = 4 * sum(math.prod(s) for m in tiny.lora_shapes(config, RANK).values() for s in m.values())
             print(f"{layers} layers: LoRA state {lora_bytes / 2**30:.2f} GiB (float32)", flush=True)
             runs: dict[str, list[dict]] = {kind: [] for kind in RUNS}
-            for kind in ["copy", "merge"] * args.repeat + ["in-memory"]:
+            for kind in ["copy", "merged-only", "merge"] * args.repeat + ["adapter-only", "in-memory"]:
                 out = scratch / f"out-{layers}-{kind}"
                 evict(base, ckpt)
                 result = measure(kind, base, out) if kind == "copy" else measure(kind, base, ckpt, out)
+                result["adapter_bytes"] = _folder_bytes(adapter_dir(out))
                 runs[kind].append(result)
-                shutil.rmtree(out)
-                if args.repeat > 1 and kind != "in-memory":
-                    print(f"  {kind:9s} run {len(runs[kind])}: {result['seconds']:6.1f} s", flush=True)
+                for folder in (out, adapter_dir(out)):
+                    shutil.rmtree(folder, ignore_errors=True)
+                if args.repeat > 1 and kind in ("copy", "merged-only", "merge"):
+                    print(f"  {kind:12s} run {len(runs[kind])}: {result['seconds']:6.1f} s", flush=True)
             for kind, results in runs.items():
                 rows.append({"layers": layers, "bytes": size, "kind": kind, **_median(results)})
                 print(_row(rows[-1], rows), flush=True)
+            print(_adapter_row([r for r in rows if r["layers"] == layers]), flush=True)
             shutil.rmtree(base)
             shutil.rmtree(ckpt)
         print(json.dumps(rows))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir()) if folder.exists() else 0
+
+
+def _adapter_row(rows: list[dict]) -> str:
+    """What the PEFT adapter costs next to the merge itself, measured in the same run."""
+    by = {r["kind"]: r for r in rows}
+    merged, both, alone = by["merged-only"], by["merge"], by["adapter-only"]
+    added = both["seconds"] - merged["seconds"]
+    return (
+        f"{rows[0]['layers']} layers: adapter {both['adapter_bytes'] / 1e6:.1f} MB "
+        f"({both['adapter_bytes'] / rows[0]['bytes']:.2%} of the merged model); it adds {added:+.1f} s "
+        f"({added / merged['seconds']:+.1%}) to the merge (CPU {both['cpu_seconds'] - merged['cpu_seconds']:+.1f} s); "
+        f"adapter-only {alone['seconds']:.1f} s ({alone['seconds'] / merged['seconds']:.2f}x the merged-only), "
+        "a bound on what it adds: that includes the start, imports and checkpoint restore a merge has anyway"
+    )
 
 
 def _median(results: list[dict]) -> dict:
@@ -238,7 +273,7 @@ def _row(row: dict, rows: list[dict]) -> str:
     copy = next(r for r in rows if r["layers"] == row["layers"] and r["kind"] == "copy")
     rate = row["bytes"] / row["seconds"] / 1e9
     return (
-        f"{row['layers']} layers {row['bytes'] / 1e9:5.2f} GB  {row['kind']:9s} {row['seconds']:6.1f} s "
+        f"{row['layers']} layers {row['bytes'] / 1e9:5.2f} GB  {row['kind']:12s} {row['seconds']:6.1f} s "
         f"{rate:5.2f} GB/s ({copy['seconds'] / row['seconds']:.2f}x copy)  CPU {row['cpu_seconds']:5.1f} s  "
         f"peak RSS {row['peak_rss'] / 2**30:5.2f} GiB"
     )

@@ -26,6 +26,7 @@ Accelerator = Literal["v5p", "v6e", "cpu"]
 Preset = Literal["gemma4-31b", "gemma4-26b-a4b", "gemma4-e4b", "gemma4-e2b", "tiny"]
 DType = Literal["bfloat16", "float32"]
 MergeDType = Literal["bfloat16", "float16", "float32"]
+MergeOutputKind = Literal["adapter", "merged", "both"]
 # Hugging Face projection names, as the training workload maps them (its LORA_MODULES).
 LoraTarget = Literal[tuple(config.LORA_MODULES)]
 LrSchedule = Literal["cosine", "linear", "constant"]
@@ -422,6 +423,13 @@ class Merge(Model):
     shard_size: Annotated[
         str, Field(pattern=_SIZE, max_length=MAX_LENGTH["quantity"], description="Largest output shard, e.g. 5GB.")
     ] = "5GB"
+    output: Annotated[
+        MergeOutputKind,
+        Field(
+            description="What the merge writes: the merged model and a PEFT adapter folder beside it (both), "
+            "the merged model only (merged), or the adapter only (adapter: a GemmaServe cannot serve such a run)."
+        ),
+    ] = "both"
 
 
 class GemmaFineTuneSpec(Model):
@@ -473,6 +481,12 @@ class FineTuneOutputs(Model):
     checkpoint: Annotated[StatusUri | None, Field(description="The final LoRA checkpoint (Orbax).")] = None
     step: Annotated[int | None, Field(description="The training step of that checkpoint.")] = None
     merged: Annotated[StatusUri | None, Field(description="The merged Hugging Face model directory.")] = None
+    adapter: Annotated[
+        StatusUri | None,
+        Field(
+            description="The LoRA adapter as a Hugging Face PEFT folder (adapter_config.json, adapter_model.safetensors)."
+        ),
+    ] = None
 
 
 class FineTuneChildren(Model):
@@ -810,6 +824,8 @@ FINETUNE = Kind(
         {"name": "Model", "type": "string", "jsonPath": ".status.model"},
         {"name": "Slice", "type": "string", "jsonPath": ".status.topology"},
         {"name": "Eval", "type": "string", "jsonPath": ".status.evaluation.summary"},
+        {"name": "Merged", "type": "string", "jsonPath": ".status.outputs.merged", "priority": 1},
+        {"name": "Adapter", "type": "string", "jsonPath": ".status.outputs.adapter", "priority": 1},
         {"name": "Chip-Hours", "type": "number", "jsonPath": ".status.chipHours", "priority": 1},
         {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -262,6 +262,9 @@ class LoraMetadata(BaseModel):
     model_dtype: str
 
 
+MergeOutput = Literal["adapter", "merged", "both"]
+
+
 class MergeConfig(_Config):
     """Everything the merge pod needs; paths may be local or gs://."""
 
@@ -278,7 +281,17 @@ class MergeConfig(_Config):
     lora: LoraConfig | None = Field(
         default=None, description="None: read rank/alpha/targets from the checkpoint's metadata."
     )
+    output: Annotated[MergeOutput, Field(description="What to write: the merged model, the PEFT adapter, or both.")] = (
+        "both"
+    )
+    adapter_dir: Annotated[
+        str | None, Field(description="The PEFT adapter's folder; None: `<output_dir>-adapter`.")
+    ] = None
     termination_log: str = TERMINATION_LOG
+
+    @property
+    def adapter_folder(self) -> str:
+        return self.adapter_dir or f"{self.output_dir.rstrip('/')}-adapter"
 
 
 # ---------------------------------------------------------------------------- results
@@ -341,6 +354,9 @@ class MergeResult(BaseModel):
     output: str | None = None
     tensors_merged: int | None = None
     bytes_written: int | None = None
+    adapter: str | None = None
+    adapter_bytes: int | None = None
+    adapter_error: str | None = None
     seconds: float | None = None
     error: str | None = None
 

@@ -91,20 +91,23 @@ def check_model(path: str, *, chat: bool = False) -> None:
 
 
 def check_merge_output(config: MergeConfig) -> None:
-    """A local folder that overlaps no input: the merge never writes into what it reads."""
-    if "://" in config.output_dir:
-        raise InputError(
-            f"output_dir {config.output_dir}: must be a local path (mount a bucket with Cloud Storage FUSE)"
-        )
-    output = Path(config.output_dir).absolute()
-    if output.is_file():
-        raise InputError(f"output_dir {output} is a file: it must be a folder (or not exist yet)")
-    for name in ("base_model_path", "checkpoint_dir"):
-        source = getattr(config, name)
-        if "://" not in source:
-            src = Path(source).absolute()
-            if output == src or src in output.parents or output in src.parents:
-                raise InputError(f"output_dir {output} overlaps {name} {src}: the merge never writes into its inputs")
+    """Local folders that overlap no input: the merge never writes into what it reads."""
+    folders = {"output_dir": config.output_dir, "adapter_dir": config.adapter_folder}
+    for field, folder in folders.items():
+        if "://" in folder:
+            raise InputError(f"{field} {folder}: must be a local path (mount a bucket with Cloud Storage FUSE)")
+        output = Path(folder).absolute()
+        if output.is_file():
+            raise InputError(f"{field} {output} is a file: it must be a folder (or not exist yet)")
+        for name in ("base_model_path", "checkpoint_dir"):
+            source = getattr(config, name)
+            if "://" not in source:
+                src = Path(source).absolute()
+                if output == src or src in output.parents or output in src.parents:
+                    raise InputError(f"{field} {output} overlaps {name} {src}: the merge never writes into its inputs")
+    merged, adapter = (Path(f).absolute() for f in folders.values())
+    if merged == adapter or merged in adapter.parents or adapter in merged.parents:
+        raise InputError(f"adapter_dir {adapter} overlaps output_dir {merged}: they must be separate folders")
 
 
 def check_checkpoint(config: MergeConfig) -> None:

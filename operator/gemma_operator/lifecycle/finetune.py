@@ -82,7 +82,7 @@ def _advance(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
         _training(v, d, settings)
     elif phase == "Merging":
         _merging(v, d, settings)
-    elif phase == "Succeeded" and p.spec.merge.enabled and (st.get("outputs") or {}).get("merged") != p.merged_dir:
+    elif phase == "Succeeded" and p.spec.merge.enabled and not _merge_outputs_current(st, p):
         _start_merge(v, d, settings, (st.get("outputs") or {}).get("step"))  # merge settings changed
     evaluation.record_merged_run(st, p.run, timestamp(v.now))
 
@@ -196,18 +196,45 @@ def _merging(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
         d.create += merge_objects(p, settings, v.owner, (st.get("outputs") or {}).get("step"))
     if outcome.state == "Succeeded":
         result = _merge_result(v.merge_pods)
-        st.setdefault("outputs", {})["merged"] = p.merged_dir  # the URI, not the path inside the merge pod
+        written = _record_merge_outputs(st, p, result)
         detail = (
             f": {result.tensors_merged} tensors merged in {result.seconds:.0f} s"
-            if result and result.seconds is not None
+            if result and result.seconds is not None and "merged" in st["outputs"]
             else ""
         )
-        _cond(v, st, "Merged", True, "Merged", f"merged into {st['outputs']['merged']}{detail}")
-        _succeed(v, st, f"merged model at {st['outputs']['merged']}")
+        if result and result.adapter_error:
+            d.events.append(("Warning", "AdapterNotWritten", result.adapter_error))
+            detail += f"; no PEFT adapter: {result.adapter_error}"
+        _cond(v, st, "Merged", True, "Merged", f"wrote {written}{detail}")
+        _succeed(v, st, written)
     elif outcome.state == "Failed":
         _fail(v, st, "MergeFailed", _failure_message(v.merge_pods, outcome))
     else:
         st.update(phase="Merging", message=f"merging the adapter into {p.merged_dir}")
+
+
+def _merge_outputs_current(st: dict, p: FineTunePlan) -> bool:
+    """Whether status names the output this spec's merge must leave (an adapter the merge could not
+    write does not count: it is reported, not retried)."""
+    outputs = st.get("outputs") or {}
+    if p.spec.merge.output == "adapter":
+        return outputs.get("adapter") == p.adapter_dir
+    return outputs.get("merged") == p.merged_dir
+
+
+def _record_merge_outputs(st: dict, p: FineTunePlan, result: MergeResult | None) -> str:
+    """status.outputs of a finished merge (URIs, not the paths inside the merge pod); returns what it says."""
+    outputs = st.setdefault("outputs", {})
+    outputs.pop("merged", None)
+    outputs.pop("adapter", None)
+    if p.spec.merge.output != "adapter":
+        outputs["merged"] = p.merged_dir
+    # An adapter-only merge fails rather than succeed without one.
+    if p.spec.merge.output == "adapter" or (p.spec.merge.output == "both" and result and result.adapter):
+        outputs["adapter"] = p.adapter_dir
+    said = [f"merged model at {outputs['merged']}"] if "merged" in outputs else []
+    said += [f"PEFT adapter at {outputs['adapter']}"] if "adapter" in outputs else []
+    return " and ".join(said)
 
 
 def _start_merge(v: FineTuneView, d: Decision, settings: OperatorSettings, step: int | None) -> None:

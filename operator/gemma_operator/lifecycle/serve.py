@@ -188,6 +188,12 @@ def _blocked(sel: rollout_gate.Selection | None) -> tuple[str, str] | None:
 def _waiting(v: ServeView) -> tuple[str, str]:
     if v.fine_tune is None:
         return "FineTuneNotFound", f"GemmaFineTune {v.fine_tune_name} not found in {v.namespace}"
+    merge_spec = (v.fine_tune.get("spec") or {}).get("merge") or {}
+    if merge_spec.get("output") == "adapter":
+        return "AdapterOnly", (
+            f"GemmaFineTune {v.fine_tune_name} keeps only a PEFT adapter (spec.merge.output: adapter); a GemmaServe "
+            "serves merged models: set its spec.merge.output to both or merged"
+        )
     ft = v.fine_tune.get("status") or {}
     phase = ft.get("phase") or "Pending"
     reason = "FineTuneFailed" if phase == "Failed" else "FineTuneNotReady"

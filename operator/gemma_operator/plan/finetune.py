@@ -54,6 +54,7 @@ class FineTunePlan:
     merge_id: str
     run_dir: str
     merged_dir: str
+    adapter_dir: str
     train: TrainConfig
     merge: MergeConfig
     memory: fit.MemoryEstimate | None
@@ -261,12 +262,14 @@ def train_config(
     )
 
 
-def merge_config(spec: api.GemmaFineTuneSpec, train: TrainConfig, merged_dir: str) -> MergeConfig:
+def merge_config(spec: api.GemmaFineTuneSpec, train: TrainConfig, merged_dir: str, adapter_dir: str) -> MergeConfig:
     return MergeConfig(
         base_model_path=train.model_path,
         checkpoint_dir=train.checkpoint_dir,
-        # The merge publishes its output folder by a rename: it writes files, through a FUSE mount.
+        # The merge publishes its output folders by a rename: it writes files, through a FUSE mount.
         output_dir=mounts.fuse_path(merged_dir),
+        adapter_dir=mounts.fuse_path(adapter_dir),
+        output=spec.merge.output,
         dtype=spec.merge.dtype,
         shard_size_bytes=fit.parse_size(spec.merge.shard_size),
     )
@@ -331,11 +334,12 @@ def plan_finetune(
             **evaluation.run_inputs(spec),
         }
     )
-    merge_id = digest(spec.merge.model_dump(mode="json", exclude={"enabled"}), 6)
+    # Which outputs are kept does not change what is in them: a run's folders keep their names.
+    merge_id = digest(spec.merge.model_dump(mode="json", exclude={"enabled", "output"}), 6)
     rdir = run_dir(spec.output.uri, run)
-    merged = join(rdir, f"merged-{merge_id}")
+    merged, adapter = join(rdir, f"merged-{merge_id}"), join(rdir, f"adapter-{merge_id}")
     train = train_config(spec, place, mesh, micro, rdir, settings, memory)
-    merge = merge_config(spec, train, merged)
+    merge = merge_config(spec, train, merged, adapter)
     price = pricing.chip_hour_price(settings, place.accelerator, spec.tpu.spot)
     return FineTunePlan(
         name=name,
@@ -350,6 +354,7 @@ def plan_finetune(
         merge_id=merge_id,
         run_dir=rdir,
         merged_dir=merged,
+        adapter_dir=adapter,
         train=train,
         merge=merge,
         memory=memory,

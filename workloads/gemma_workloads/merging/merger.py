@@ -5,8 +5,9 @@ streams them (`shard_pipeline`): a block of rows at a time, so memory holds the 
 a fixed number of blocks whatever the model's size, and tensors without LoRA go through as raw
 bytes. The output folder is built aside and published whole (`merge_output`): a killed merge
 resumes with the shards it had not finished, and an output already holding a merge of the same
-inputs is left as it is. Nothing is ever written to the base model or the checkpoints. Every
-input is checked first (preflight.py; as a program, before JAX is imported).
+inputs is left as it is. Beside it goes the same adapter as a Hugging Face PEFT folder
+(`peft_export`), or only that (`output: adapter`). Nothing is ever written to the base model or
+the checkpoints. Every input is checked first (preflight.py; as a program, before JAX is imported).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from gemma_workloads import preflight
 from gemma_workloads.config import LORA_MODULES, MERGE_SHARD_WRITERS, MergeConfig, MergeResult
 from gemma_workloads.input_files import InputError
 from gemma_workloads.merging import checkpoint_reader as lora_checkpoint
-from gemma_workloads.merging import lora_mapping, merge_output
+from gemma_workloads.merging import lora_mapping, merge_output, peft_export
 from gemma_workloads.merging.shard_pipeline import (
     Block,
     Pipeline,
@@ -46,7 +47,7 @@ from gemma_workloads.safetensors_io import (
     header_bytes,
     open_checkpoint,
 )
-from gemma_workloads.sources import resolve_model
+from gemma_workloads.sources import HF_PREFIX, resolve_model
 
 _HEADER_METADATA = {"format": "pt"}  # transformers refuses safetensors without it
 
@@ -57,7 +58,13 @@ class MergeError(ValueError):
     """Inputs that cannot be merged as asked; the message names the tensor, file or setting."""
 
 
-INPUT_ERRORS = (MergeError, InputError, merge_output.OutputError, lora_mapping.LoraMappingError)
+INPUT_ERRORS = (
+    MergeError,
+    InputError,
+    merge_output.OutputError,
+    lora_mapping.LoraMappingError,
+    peft_export.PeftExportError,
+)
 
 
 @dataclass(frozen=True)
@@ -180,30 +187,94 @@ def write_shard(staging: Path, shard: OutShard, pipeline: Pipeline) -> dict:
 
 
 def merge(config: MergeConfig) -> MergeResult:
-    """Merge as configured; the result is what the termination message carries."""
+    """Merge as configured; the result is what the termination message carries. The PEFT adapter is
+    written first (it is small): one it cannot express is reported and the merged model still written,
+    unless the adapter is all that was asked for."""
     started = time.monotonic()
     preflight.check_merge_output(config)
     source = config.base_model_path
     config = config.model_copy(update={"base_model_path": resolve_model(source)})
     output = Path(config.output_dir).absolute()
-    staging = merge_output.staging_dir(output)
+    adapter_dir = Path(config.adapter_folder).absolute()
+    want_merged, want_adapter = config.output != "adapter", config.output != "merged"
     if config.base_model_path != source:  # downloaded (hf://): checked now that it is here
         check_model_folder(config.base_model_path)
     base = open_checkpoint(config.base_model_path)
     ckpt = lora_checkpoint.locate(config.checkpoint_dir, config.step, config.lora)
     inputs = fingerprint(config, base, ckpt)
-    if done := merge_output.complete_merge(output, inputs):
-        log.info("merge: %s already holds this merge (step %d): nothing to do", output, done["step"])
-        return _result(output, done, 0, started)
-    if (staged := merge_output.read_manifest(staging)) and staged["inputs"] == inputs:
-        merge_output.finish(staging, output)  # a previous run stopped between its manifest and its rename
-        return _result(output, staged, 0, started)
+    done = published_merge(output, inputs) if want_merged else None
+    adapter = _AdapterOutcome(adapter_dir if want_adapter else None)
+    if want_adapter:
+        adapter.attempt(lambda: 0 if peft_export.complete(adapter_dir, inputs) else None, config.output)
+    if (done or not want_merged) and (not want_adapter or adapter.bytes is not None or adapter.error):
+        log.info("merge: the outputs of step %d are already there: nothing to do", ckpt.step)
+        return _result(output if want_merged else None, done, 0, adapter, started)
 
     params = lora_checkpoint.restore_params(ckpt)
     lora_checkpoint.require_finite(params, ckpt)
     deltas = lora_mapping.deltas(params, ckpt.lora)
     check_targets(deltas, ckpt.lora.target_modules)
-    shards = plan(base, merge_targets(base, deltas), config.dtype, config.shard_size_bytes)
+    targets = merge_targets(base, deltas)
+    if want_adapter and adapter.bytes is None and not adapter.error:
+        dtype = config.dtype or adapter_dtype(base, targets)
+        base_model = source.removeprefix(HF_PREFIX)  # a Hub id, as PEFT and vLLM expect, or the path
+        adapter.attempt(
+            lambda: peft_export.export(adapter_dir, targets, ckpt.lora, base_model, dtype, inputs), config.output
+        )
+    if not want_merged:
+        return _result(None, None, 0, adapter, started)
+    if done:
+        return _result(output, done, 0, adapter, started)
+    manifest, written = write_merged(config, output, inputs, base, ckpt, targets)
+    return _result(output, manifest, written, adapter, started)
+
+
+class _AdapterOutcome:
+    """The adapter's folder and bytes written, or why it was not written."""
+
+    def __init__(self, folder: Path | None):
+        self.folder, self.bytes, self.error = folder, None, None
+
+    def attempt(self, step, output: str) -> None:
+        """Run an export step; a refusal fails an adapter-only merge and is reported otherwise."""
+        try:
+            self.bytes = step()
+        except peft_export.PeftExportError as e:
+            if output == "adapter":
+                raise
+            log.error("merge: no PEFT adapter: %s", e)
+            self.error = str(e)
+
+
+def adapter_dtype(base: BaseCheckpoint, targets: dict[str, lora_mapping.Delta]) -> str:
+    """The adapted tensors' dtype when they share one, float32 otherwise."""
+    infos = {t.name: t for t in base.tensors}
+    (dtype, *others) = {infos[k].dtype for k in targets}
+    return next((name for name, code in DTYPE_NAMES.items() if code == dtype and not others), "float32")
+
+
+def published_merge(output: Path, inputs: str) -> dict | None:
+    """The manifest of this merge if it is already published (or staged whole, then published now)."""
+    if done := merge_output.complete_merge(output, inputs):
+        return done
+    staging = merge_output.staging_dir(output)
+    if (staged := merge_output.read_manifest(staging)) and staged["inputs"] == inputs:
+        merge_output.finish(staging, output)  # a previous run stopped between its manifest and its rename
+        return staged
+    return None
+
+
+def write_merged(
+    config: MergeConfig,
+    output: Path,
+    inputs: str,
+    base: BaseCheckpoint,
+    ckpt: lora_checkpoint.LoraCheckpoint,
+    targets: dict[str, lora_mapping.Delta],
+) -> tuple[dict, int]:
+    """Stream the merged shards, then publish the folder; returns its manifest and the bytes written."""
+    staging = merge_output.staging_dir(output)
+    shards = plan(base, targets, config.dtype, config.shard_size_bytes)
     merge_output.prepare_staging(staging, inputs)
     records = {s.name: r for s in shards if (r := merge_output.finished(staging, s.name, s.file_bytes))}
     todo = [s for s in shards if s.name not in records]
@@ -247,14 +318,19 @@ def merge(config: MergeConfig) -> MergeResult:
     weight_map = {i.info.name: s.name for s in shards for i in s.items}
     total_size = sum(s.data_bytes for s in shards)
     merge_output.publish(staging, output, weight_map, total_size, {n: records[n] for n in sorted(records)}, manifest)
-    return _result(output, manifest, sum(records[s.name]["bytes"] for s in todo), started)
+    return manifest, sum(records[s.name]["bytes"] for s in todo)
 
 
-def _result(output: Path, manifest: dict, written: int, started: float) -> MergeResult:
+def _result(
+    output: Path | None, manifest: dict | None, written: int, adapter: _AdapterOutcome, started: float
+) -> MergeResult:
     return MergeResult(
         status="succeeded",
-        output=str(output),
-        tensors_merged=len(manifest["merged"]),
+        output=str(output) if output else None,
+        tensors_merged=len(manifest["merged"]) if manifest else None,
         bytes_written=written,
+        adapter=str(adapter.folder) if adapter.folder and not adapter.error else None,
+        adapter_bytes=adapter.bytes,
+        adapter_error=adapter.error,
         seconds=round(time.monotonic() - started, 3),
     )
