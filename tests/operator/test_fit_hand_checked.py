@@ -110,27 +110,39 @@ def test_remat_policy_at_the_limits(hbm_gib, policy):
 
 def test_serving_31b_on_two_v6e_chips_is_refused():
     """TP 2 over v6e chips of 32 GiB, maxModelLen 8192, vLLM's default gpu_memory_utilization 0.9:
-    30.1 GiB needed against 28.8 allowed."""
+    30.7 GiB needed against 28.8 allowed."""
     e = fit.serving_memory(G31, tp=2, max_model_len=8192, hbm_gib=32.0, gpu_memory_utilization=0.9)
     weights = 30.70e9 * 2 / 2
-    # per token: K and V of 16 heads x 256 on 50 sliding layers, capped at the 1024-token window;
-    # K (= V) of 4 heads x 512 on 10 global layers; bf16
-    per_token = (2 * 16 * 256 * 50 * 1024 / 8192 + 1 * 4 * 512 * 10) * 2
-    assert per_token == 143_360
-    kv = per_token * 8192 / 2
-    assert e.parts == pytest.approx({"weights": weights, "kv(1 seq)": kv, "xla": GIB})
+    # K and V (bf16) of one 8192-token request: on the 50 sliding layers 16 heads x 256 for the
+    # 1023 tokens before the window's last plus the 1024 one scheduler step has in flight; on the
+    # 10 global layers 4 heads x 512 for every token (K is V, but vLLM keeps both slots).
+    sliding = 2 * 16 * 256 * 50 * (1023 + 1024) * 2
+    full = 2 * 4 * 512 * 10 * 8192 * 2
+    assert (sliding, full) == (1_676_902_400, 671_088_640)
+    assert fit.kv_cache_bytes(G31, 8192) == sliding + full
+    assert e.parts == pytest.approx({"weights": weights, "kv(1 seq)": (sliding + full) / 2, "xla": GIB})
     assert e.available == pytest.approx(32 * GIB * 0.9)
-    assert (round(e.total / GIB, 1), round(e.available / GIB, 1)) == (30.1, 28.8)
+    assert (round(e.total / GIB, 1), round(e.available / GIB, 1)) == (30.7, 28.8)
     assert not e.fits
     assert fit.concurrent_sequences(e) == 0
-    roomier = fit.serving_memory(G31, tp=2, max_model_len=8192, hbm_gib=32.0, gpu_memory_utilization=0.95)
-    assert roomier.fits and roomier.available == pytest.approx(32 * GIB * 0.95)
+    roomier = fit.serving_memory(G31, tp=2, max_model_len=8192, hbm_gib=32.0, gpu_memory_utilization=0.97)
+    assert roomier.fits and roomier.available == pytest.approx(32 * GIB * 0.97)
+
+
+def test_the_sliding_layers_hold_what_a_step_has_in_flight():
+    # a short request: every token on every layer
+    assert fit.kv_cache_bytes(G31, 1000) == (2 * 16 * 256 * 50 + 2 * 4 * 512 * 10) * 1000 * 2
+    # --max-num-batched-tokens 8192 on an 8192-token request: the sliding layers hold it all
+    assert fit.kv_cache_bytes(G31, 8192, 8192) == (2 * 16 * 256 * 50 + 2 * 4 * 512 * 10) * 8192 * 2
+    # ... and of a longer one, the window less one token plus those 8192
+    assert fit.kv_cache_bytes(G31, 20000, 8192) == (2 * 16 * 256 * 50 * 9215 + 2 * 4 * 512 * 10 * 20000) * 2
 
 
 def test_serving_31b_on_v6e_8_by_hand():
+    """TP 8: each chip holds 2 of the 16 sliding KV heads, and 1 of the 4 global ones (vLLM
+    replicates KV heads when TP exceeds them)."""
     e = fit.serving_memory(G31, tp=8, max_model_len=32768, hbm_gib=32.0, gpu_memory_utilization=0.9)
-    per_token = (2 * 16 * 256 * 50 * 1024 / 32768 + 4 * 512 * 10) * 2
-    kv_one = per_token * 32768 / 8
+    kv_one = (2 * 2 * 256 * 50 * 2047 + 2 * 1 * 512 * 10 * 32768) * 2
     assert e.parts == pytest.approx({"weights": 30.70e9 * 2 / 8, "kv(1 seq)": kv_one, "xla": GIB})
     free = 32 * GIB * 0.9 - 30.70e9 * 2 / 8 - GIB
-    assert fit.concurrent_sequences(e) == int(free // kv_one) == 81
+    assert fit.concurrent_sequences(e) == int(free // kv_one) == 25
