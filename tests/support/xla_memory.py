@@ -22,6 +22,7 @@ import tempfile
 import jax
 from benchmarks.train_step import constant_model, synthetic_rows
 from flax import nnx
+from tunix.sft import sharding_utils
 
 from gemma_workloads import tiny
 from gemma_workloads.config import LORA_MODULES, DatasetConfig, LoraConfig, MeshConfig, TrainConfig
@@ -83,6 +84,7 @@ def analyse(group: list[dict]) -> list[dict]:
             for c in group:
                 rows = synthetic_rows(c["micro_batch"], c["seq"], cfg.num_embed)
                 batch = batches.Batches(rows, c["micro_batch"], seed=0).next()
+                batch = sharding_utils.shard_input(batch, trainer.config.data_sharding_axis)  # as the trainer's loop
                 remat.use_remat(adapted, c["remat"])
                 graph, state = nnx.split((adapted, trainer.optimizer))
 
@@ -104,7 +106,7 @@ def analyse(group: list[dict]) -> list[dict]:
                         "config": c,
                         "params": int(params),
                         "lora_params": int(lora_params),
-                        "batch": sum(v.nbytes for v in batch.values()),
+                        "batch": sum(v.nbytes for v in jax.tree.leaves(batch)),
                         "argument": stats.argument_size_in_bytes,
                         "output": stats.output_size_in_bytes,
                         "alias": stats.alias_size_in_bytes,
