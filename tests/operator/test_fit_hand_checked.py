@@ -146,3 +146,37 @@ def test_serving_31b_on_v6e_8_by_hand():
     assert e.parts == pytest.approx({"weights": 30.70e9 * 2 / 8, "kv(1 seq)": kv_one, "xla": GIB})
     free = 32 * GIB * 0.9 - 30.70e9 * 2 / 8 - GIB
     assert fit.concurrent_sequences(e) == int(free // kv_one) == 25
+
+
+# Kubernetes quantities as the operator's settings write them (decimal and binary SI suffixes).
+@pytest.mark.parametrize(
+    "text, size",
+    [
+        ("7", 7),
+        ("2KB", 2_000),
+        ("500MB", 500_000_000),
+        ("10GB", 10_000_000_000),
+        ("1TB", 10**12),
+        ("3Ki", 3 * 1024),
+        ("4Mi", 4 * 1024**2),
+        ("1.5Gi", 3 * 2**29),
+        ("1Ti", 2**40),
+    ],
+)
+def test_parse_size(text, size):
+    assert fit.parse_size(text) == size
+
+
+def test_host_memory_by_hand():
+    """One training host loading the 31B checkpoint: its bf16 files (vision tower too), the largest
+    tensor converted (the 262144 x 5376 embedding), the runtime and /dev/shm, against 90 % of the host."""
+    e = fit.host_memory(
+        G31, dtype="bfloat16", runtime_bytes=8 * GIB, shm_bytes=16 * GIB, host_bytes=400 * GIB, usable_fraction=0.9
+    )
+    assert e.parts == {
+        "checkpoint": (30.70e9 + 0.55e9) * 2,
+        "conversion": 262144 * 5376 * 2,
+        "runtime": 8 * GIB,
+        "/dev/shm": 16 * GIB,
+    }
+    assert e.available == 400 * GIB * 0.9 and e.unit == "of host memory"
