@@ -140,10 +140,13 @@ def main() -> int:
     parser.add_argument("--target", type=float, default=0.85)
     args = parser.parse_args()
     chosen = [m for m in MODULES if not args.modules or any(m.endswith(a) for a in args.modules)]
-    reports = [run_module(m, MODULES[m], args.sample, args.timeout) for m in chosen]
-    for r in reports:
+    reports = []
+    for m in chosen:  # each module's survivors as soon as it is done: a long run can be stopped
+        r = run_module(m, MODULES[m], args.sample, args.timeout)
         for operator, line, source, diff in r["survived"]:
-            print(f"\nSURVIVED {r['module']}:{line} {operator}: {source}\n{diff}")
+            print(f"\nSURVIVED {r['module']}:{line} {operator}: {source}\n{diff}", flush=True)
+        print(f"{r['module']}: {100 * r['score']:.0f} %", flush=True)
+        reports.append(r)
     print(f"\n{'module':52} {'killed':>6} {'survived':>8} {'equiv.':>6} {'score':>6}")
     for r in reports:
         print(f"{r['module']:52} {r['killed']:6} {len(r['survived']):8} {r['equivalent']:6} {100 * r['score']:5.0f}%")
