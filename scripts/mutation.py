@@ -36,6 +36,7 @@ MODULES: dict[str, list[str]] = {
         "tests/operator/test_plan.py",
         "tests/operator/test_remat_choice.py",
         "tests/operator/test_host_memory.py",
+        "tests/operator/test_plan_schedule.py",
     ],
     "operator/gemma_operator/lifecycle/finetune.py": [
         "tests/operator/test_lifecycle_tables.py",

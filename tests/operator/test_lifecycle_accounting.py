@@ -5,6 +5,7 @@ readings (queued, running, finished, failed) and the run without a merge.
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import pytest
@@ -99,6 +100,43 @@ def test_the_retry_budget_spent_fails_the_run():
     assert (d.status["phase"], failed["reason"]) == ("Failed", "BackoffLimitExceeded")
     assert f"backoffLimit {BACKOFF}" in d.status["message"] and d.status["completionTime"]
     assert not d.create, "no attempt beyond the budget"
+
+
+@pytest.mark.parametrize("running", [True, False], ids=["re-applied", "created"])
+def test_a_budget_lowered_below_the_restarts_so_far_leaves_none(running):
+    training_status = finetune_statuses()["Training"]
+    prior = {**training_status, "restarts": BACKOFF + 2, "attempt": 1}
+    if not running:  # not created before by this status: created, not counted as a retry
+        prior["children"] = {**training_status["children"], "training": "elsewhere"}
+    seen = {"training": with_status(JOB, RUNNING), "training_pods": [pod("Running", "trainer")]} if running else {}
+    d = _decide(prior, **seen)
+    job = next(o for o in d.create if o["kind"] == "Job")
+    assert job["spec"]["backoffLimit"] == 0, "never a negative backoffLimit (the API server refuses it)"
+
+
+def test_running_chip_hours_are_brought_up_to_date_once_a_minute():
+    """Accounting alone rewrites the status at most every ACCOUNT_EVERY (60) seconds."""
+    first = _decide(
+        finetune_statuses()["Training"], training=with_status(JOB, RUNNING), training_pods=[pod("Running", "trainer")]
+    ).status
+
+    def later(seconds: int) -> dict:
+        view = finetune_lifecycle.FineTuneView(
+            name="ft",
+            namespace=NS,
+            generation=1,
+            status=first,
+            owner=None,
+            now=T0 + datetime.timedelta(seconds=seconds),
+            problems=[],
+            plan=PLAN,
+            training=with_status(JOB, RUNNING),
+            training_pods=[pod("Running", "trainer")],
+        )
+        return finetune_lifecycle.decide(view, SETTINGS).status
+
+    assert later(59)["accountedAt"] == first["accountedAt"] and later(59)["chipHours"] == first["chipHours"]
+    assert later(60)["chipHours"] == pytest.approx(first["chipHours"] + PLAN.placement.chips * 60 / 3600, abs=1e-6)
 
 
 # ---------------------------------------------------------------------------- multi-host: JobSet
