@@ -8,7 +8,7 @@ Uses cosmic-ray (pinned below), installed by this script into .venv-mutation. Ea
 are sampled evenly (every k-th of cosmic-ray's list, so a rerun draws the same ones), each is applied
 to the working tree in turn and the module's fast tests run against it; a mutant survives when they
 pass. Survivors listed in mutation_equivalent.txt (beside this script: "path | operator | source
-line | why") are equivalent mutants, left out of the score. Prints each module's score and every
+line | why"; the operator may be a glob) are equivalent mutants, left out of the score. Prints each module's score and every
 other survivor's diff; exits 1 when a module scores below --target.
 """
 
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import venv
+from fnmatch import fnmatch
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,8 +61,10 @@ from cosmic_ray.work_db import WorkDB, use_db
 from cosmic_ray.work_item import WorkResult, WorkerOutcome
 keep = int(sys.argv[2])
 with use_db(sys.argv[1], WorkDB.Mode.open) as db:
-    items = sorted(db.pending_work_items, key=lambda w: w.job_id)
-    items = sorted(items, key=lambda w: (str(w.mutations[0].module_path), w.mutations[0].start_pos))
+    def place(w):
+        m = w.mutations[0]
+        return str(m.module_path), m.start_pos, m.operator_name, m.occurrence
+    items = sorted(db.pending_work_items, key=place)
     if 0 < keep < len(items):
         step = len(items) / keep
         chosen = {items[int(i * step)].job_id for i in range(keep)}
@@ -82,8 +85,9 @@ def equivalents() -> set[tuple[str, str, str]]:
     out = set()
     for line in EQUIVALENT.read_text().splitlines() if EQUIVALENT.exists() else []:
         if line.strip() and not line.startswith("#"):
-            path, operator, source, _why = (p.strip() for p in line.split(" | ", 3))
-            out.add((path, operator, source))
+            path, operator, rest = line.split(" | ", 2)
+            source = rest.rsplit(" | ", 1)[0]  # the source line may hold " | " itself; the reason may not
+            out.add((path.strip(), operator.strip(), source.strip()))
     return out
 
 
@@ -117,7 +121,7 @@ def run_module(module: str, tests: list[str], sample: int, timeout: float) -> di
         mutation = item["mutations"][0]
         source = lines[mutation["start_pos"][0] - 1].strip()
         if result["test_outcome"] == "survived":
-            if (module, mutation["operator_name"], source) in known:
+            if any(p == module and fnmatch(mutation["operator_name"], o) and s == source for p, o, s in known):
                 equivalent += 1
             else:
                 survivors.append((mutation["operator_name"], mutation["start_pos"][0], source, result["diff"]))

@@ -213,3 +213,19 @@ def test_without_a_merge_the_run_succeeds_when_training_does():
     assert condition(d.status["conditions"], "Complete")["status"] == "True"
     assert condition(d.status["conditions"], "TrainingComplete")["status"] == "True"
     assert not [o for o in d.create if o["kind"] == "Job"], "no merge Job"
+
+
+def test_a_failure_read_from_the_api_says_why():
+    """Pods as the API delivers them (strings parsed from JSON) give the failure's own message."""
+    bad = json.dumps({"status": "failed", "error": "train.jsonl line 7: missing 'messages'"})
+    failed_job = {"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy"}]}
+    observed = json.loads(
+        json.dumps(
+            {
+                "training": with_status(JOB, failed_job),
+                "training_pods": [pod("Failed", "trainer", {"exitCode": 2, "message": bad})],
+            }
+        )
+    )
+    d = _decide(finetune_statuses()["Training"], **observed)
+    assert (d.status["phase"], d.status["message"]) == ("Failed", "exit code 2: train.jsonl line 7: missing 'messages'")
