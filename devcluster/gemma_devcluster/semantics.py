@@ -12,6 +12,7 @@ import attrs
 import jsonschema
 import kmock
 
+from gemma_devcluster import pod_validation
 from gemma_operator import api
 
 
@@ -239,6 +240,8 @@ class Kind:
     def admit(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Defaulting, pruning and validation, in the API server's order."""
         if self.schema is None:
+            if refused := pod_validation.refusal(self.resource.group, self.kind, obj):
+                raise error(*refused)
             return obj
         meta = obj.get("metadata")
         body = _prune(self.schema, _apply_defaults(self.schema, obj))

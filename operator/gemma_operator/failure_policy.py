@@ -144,7 +144,9 @@ def job_outcome(job: dict) -> Outcome:
 def jobset_outcome(jobset: dict) -> Outcome:
     status = jobset.get("status") or {}
     restarts = int(status.get("restarts") or 0)
-    counted = int(status.get("restartsCountTowardsMax") or restarts)
+    # Omitted when 0 (`omitempty` in JobSet's API types), and every JobSet the operator supports sets
+    # it: so a missing count means all restarts were preemptions, not that none were.
+    counted = int(status.get("restartsCountTowardsMax") or 0)
     preempted = restarts - counted
     if c := _condition(jobset, "Completed"):
         return Outcome("Succeeded", c.get("reason", ""), c.get("message", ""), counted, preempted)

@@ -9,7 +9,7 @@ Deliberately simple, per-chip, and conservative where the layout is not known:
   the fastest rematerialisation that fits (gemma_workloads.training.remat): keeping everything, else
   keeping the projections' outputs ("dots"), else whole-layer recompute.
 - serving: weights / TP, plus the KV cache of one full `maxModelLen` sequence (vLLM refuses to
-  start without room for it), against `gpuMemoryUtilization` of the HBM.
+  start without room for it), sized as vLLM sizes it, against `gpuMemoryUtilization` of the HBM.
 - the training host: every host loads the whole checkpoint. Tunix's loader maps the files and
   can hold a host copy of every weight until all are on the chips (reshaped weights are copies),
   converts one tensor at a time to the training dtype, and the runtime needs its own room; a
@@ -117,6 +117,28 @@ def remat_policy(estimate: MemoryEstimate) -> str:
     return "full"
 
 
+# vLLM's default --max-num-batched-tokens for its API server on TPU is at most this (V6E's; V5E
+# 512, V5P 256: vllm/engine/arg_utils.py, get_batch_defaults).
+TPU_MAX_NUM_BATCHED_TOKENS = 1024
+
+
+def kv_cache_bytes(
+    shape: ModelShape, max_model_len: int, max_num_batched_tokens: int | None = None, tp: int = 1
+) -> int:
+    """The KV cache vLLM reserves on each of `tp` chips for one `max_model_len` request, as its KV
+    cache specs size it (vllm/v1/kv_cache_interface.py, `max_memory_usage_bytes`): K and V on
+    every layer, Gemma 4's global layers too (their V is K, but vLLM loads K into both slots:
+    vllm/model_executor/models/gemma4.py); a sliding layer holds its window less one token plus the
+    tokens one scheduler step has in flight (SlidingWindowSpec), never more than the request. A
+    rank holds max(1, heads // tp) KV heads: beyond that TP replicates them (vLLM's attention
+    layers). Rounding each layer up to whole blocks (one block at most) is left out."""
+    batched = max_num_batched_tokens or TPU_MAX_NUM_BATCHED_TOKENS
+    sliding_tokens = min(shape.sliding_window - 1 + batched, max_model_len)
+    sliding = 2 * max(1, shape.kv_heads // tp) * shape.head_dim * shape.sliding_layers * sliding_tokens
+    full = 2 * max(1, shape.global_kv_heads // tp) * shape.global_head_dim * shape.global_layers * max_model_len
+    return (sliding + full) * DTYPE_BYTES["bfloat16"]
+
+
 def serving_memory(
     shape: ModelShape,
     *,
@@ -124,9 +146,10 @@ def serving_memory(
     max_model_len: int,
     hbm_gib: float,
     gpu_memory_utilization: float,
+    max_num_batched_tokens: int | None = None,
 ) -> MemoryEstimate:
     weights = shape.params * DTYPE_BYTES["bfloat16"] / tp
-    kv = shape.kv_bytes_per_token(DTYPE_BYTES["bfloat16"], max_model_len) * max_model_len / tp
+    kv = kv_cache_bytes(shape, max_model_len, max_num_batched_tokens, tp)
     parts = {"weights": weights, "kv(1 seq)": kv, "xla": XLA_ALLOWANCE}
     return MemoryEstimate(parts, hbm_gib * GIB * gpu_memory_utilization)
 

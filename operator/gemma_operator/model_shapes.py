@@ -68,14 +68,6 @@ class ModelShape:
     def largest_tensor_elements(self) -> int:
         return max(self.vocab * self.embed_dim, self.largest_target_elements(list(self.projection_shapes())))
 
-    def kv_bytes_per_token(self, dtype_bytes: int, max_len: int) -> float:
-        """KV cache bytes per sequence token, with sliding layers capped at their window."""
-        sliding = 2 * self.kv_heads * self.head_dim * self.sliding_layers
-        sliding *= min(1.0, self.sliding_window / max(1, max_len))
-        k_or_kv = 1 if self.k_eq_v_global else 2
-        full = k_or_kv * self.global_kv_heads * self.global_head_dim * self.global_layers
-        return (sliding + full) * dtype_bytes
-
     def checkpoint_bytes(self, dtype_bytes: int = 2) -> float:
         """Size of the released safetensors (bf16 by default), vision tower included."""
         return (self.params + self.vision_params) * dtype_bytes

@@ -70,6 +70,7 @@ def _memory(
         max_model_len=spec.vllm.max_model_len,
         hbm_gib=tpu.GENERATIONS[place.accelerator].hbm_gib_per_chip,
         gpu_memory_utilization=spec.vllm.gpu_memory_utilization,
+        max_num_batched_tokens=spec.vllm.max_num_batched_tokens,
     )
     if memory.fits:
         return memory, []
