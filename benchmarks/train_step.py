@@ -46,7 +46,6 @@ from flax import nnx
 from tunix.models.gemma4 import model as gemma4
 from tunix.sft import hooks
 
-import profile_summary  # beside this file
 from gemma_workloads import tiny
 from gemma_workloads.config import ATTENTION_PATHS, REMAT_POLICIES, DatasetConfig, LoraConfig, TrainConfig
 from gemma_workloads.training import attention as attention_paths
@@ -95,6 +94,16 @@ def _filler(shape: tuple[int, ...], dtype, sharding: jax.sharding.Sharding):
     if len(shape) < 2:
         return jax.jit(lambda _: jnp.ones(shape, dtype), out_shardings=sharding)
     return jax.jit(lambda k: 0.02 * jax.random.normal(k, shape, dtype), out_shardings=sharding)
+
+
+def _profile_summary():
+    """profile_summary.py, beside this file: on the path when this runs as a script, a module of
+    the benchmarks folder when a test imports this one."""
+    try:
+        from benchmarks import profile_summary
+    except ImportError:
+        import profile_summary
+    return profile_summary
 
 
 def synthetic_rows(count: int, seq: int, vocab: int) -> batches.Rows:
@@ -252,7 +261,7 @@ def main() -> None:
         peak = f", device memory peak so far {stats['peak_bytes_in_use'] / 2**30:.1f} GiB" if stats else ""
         print(f"  ({variant.name}: {time.perf_counter() - began:.0f} s with set-up and compilation{peak})", flush=True)
         if trace and any(trace.glob("plugins/profile/*/*.trace.json.gz")):  # a row that stopped early has none
-            summary = profile_summary.summarise(trace)
+            summary = _profile_summary().summarise(trace)
             (trace / "summary.txt").write_text(summary)
             print(
                 f"\n{variant.name}: step {TRACED_STEP} traced into {trace}\n"

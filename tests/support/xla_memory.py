@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 import jax
-from benchmarks.train_step import constant_model, synthetic_rows
+from benchmarks.train_step import random_model, synthetic_rows
 from flax import nnx
 from tunix.sft import sharding_utils
 
@@ -75,7 +75,7 @@ def analyse(group: list[dict]) -> list[dict]:
         config = _train_config(first, out)
         device_mesh = mesh.make_mesh(config.mesh)
         with mesh.active(device_mesh):
-            base = constant_model(cfg, device_mesh)
+            base = random_model(cfg, device_mesh)
             params = sum(x.size for x in jax.tree.leaves(nnx.state(base, nnx.Param)))
             adapted, _ = train.adapt(base, config, device_mesh)
             lora_params = lora.lora_parameter_count(adapted)
