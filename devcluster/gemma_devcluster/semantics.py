@@ -240,7 +240,7 @@ class Kind:
         """Defaulting, pruning and validation, in the API server's order."""
         if self.schema is None:
             return obj
-        meta = obj.get("metadata")
+        meta = obj.get("metadata") or {}
         body = _prune(self.schema, _apply_defaults(self.schema, obj))
         body["metadata"] = meta
         errors = sorted(jsonschema.Draft7Validator(_as_jsonschema(self.schema)).iter_errors(body), key=str)

@@ -70,7 +70,7 @@ class ModelShape:
 
     def kv_bytes_per_token(self, dtype_bytes: int, max_len: int) -> float:
         """KV cache bytes per sequence token, with sliding layers capped at their window."""
-        sliding = 2 * self.kv_heads * self.head_dim * self.sliding_layers
+        sliding: float = 2 * self.kv_heads * self.head_dim * self.sliding_layers
         sliding *= min(1.0, self.sliding_window / max(1, max_len))
         k_or_kv = 1 if self.k_eq_v_global else 2
         full = k_or_kv * self.global_kv_heads * self.global_head_dim * self.global_layers
@@ -147,7 +147,7 @@ PRESETS: dict[str, ModelShape] = {
         local_per_global=4,
         k_eq_v_global=False,
     ),
-    # The test model built by gemma_workloads.tiny (2 layers: one sliding, one global).
+    # The test model built by gemma_devcluster.tiny (2 layers: one sliding, one global).
     "tiny": ModelShape(
         "tiny",
         0.3e6,

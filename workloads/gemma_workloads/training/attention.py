@@ -168,6 +168,7 @@ def _splash_local(q, k, v, segments, *, window: int | None, softcap: float | Non
     shape = (length, length)
     one = masks.LocalMask(shape, window_size=(window - 1, 0), offset=0) if window else masks.CausalMask(shape)
     block = splash_block(length)
+    assert block is not None  # the layer takes this path only for rows the blocks tile
     sizes = kernel.BlockSizes(
         block_q=block,
         block_kv=block,
