@@ -21,7 +21,7 @@ from typing import Any
 import kopf
 
 from gemma_operator import addons, api, failure_policy, pod_creation, prometheus_metrics, reasons, retries
-from gemma_operator.children import common, merge, serving, training
+from gemma_operator.children import common, serving, training
 from gemma_operator.clock import now
 from gemma_operator.kinds import KINDS, where
 from gemma_operator.kube import UNREAD, ApiError, Kube, status_patch
@@ -200,28 +200,21 @@ class Controller:
         view = finetune_lifecycle.FineTuneView(**_observed(body, api.FINETUNE), plan=plan, problems=problems)
         if plan is None:
             return view
-        kind = "JobSet" if plan.multi_host else "Job"
-        same_run = status.get("run") == plan.run
-        attempt = int(status.get("attempt") or 1) if same_run else 1
-        wl_name, _ = training.names(plan, attempt)
-        trained = same_run and status.get("phase") in (reasons.MERGING, reasons.SUCCEEDED)
-        if not trained and plan.multi_host:
+        want = finetune_lifecycle.reads(status, plan)
+        if want.training and want.kind == "JobSet":
             view.missing = await self.addons.missing({"JobSet": True})
-        if not trained:  # once trained, the lifecycle reads the merge, not the training workload
-            view.training = seen[(kind, wl_name)] = await self.kube.get(kind, namespace, wl_name)
-            if view.training is not None:
-                view.training_pods = await self._pods(kind, namespace, wl_name)
-                if failure_policy.outcome(view.training).state == reasons.RUNNING:
-                    view.progress = await self._progress(view.training_pods)
-            view.refusal = await self._refusal(view.training, view.training_pods)
+        workload = seen[(want.kind, want.name)] = await self.kube.get(want.kind, namespace, want.name)
+        pods = await self._pods(want.kind, namespace, want.name) if workload is not None else []
+        if want.training:
+            view.training, view.training_pods = workload, pods
+            if workload is not None and failure_policy.outcome(workload).state == reasons.RUNNING:
+                view.progress = await self._progress(pods)
         else:
-            view.merge = seen[("Job", merge.name(plan))] = await self.kube.get("Job", namespace, merge.name(plan))
-            if view.merge is not None:
-                view.merge_pods = await self._pods("Job", namespace, merge.name(plan))
-            view.refusal = await self._refusal(view.merge, view.merge_pods)
-        if status.get("run") and not same_run:
+            view.merge, view.merge_pods = workload, pods
+        view.refusal = await self._refusal(workload, pods)
+        if want.earlier_runs:
             selector = f"{common.FINETUNE_LABEL}={common.label_value(name)},{common.RUN_LABEL}!={plan.run}"
-            for stale_kind in ("Job", "JobSet"):
+            for stale_kind in finetune_lifecycle.STALE_KINDS:
                 view.stale += [
                     {**w, "kind": stale_kind} for w in await self._list_or_empty(stale_kind, namespace, selector)
                 ]

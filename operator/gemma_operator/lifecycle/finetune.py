@@ -60,6 +60,30 @@ class FineTuneView(ResourceView):
         return self.plan
 
 
+@dataclass(frozen=True)
+class Reads:
+    """What a reconcile reads for decide(): until the run is trained, the training workload of the
+    current attempt (with its pods and progress), then the merge Job; and the workloads of an
+    earlier run, while one may still exist."""
+
+    kind: str  # of the workload: Job or JobSet
+    name: str
+    training: bool  # the training workload, not the merge Job
+    earlier_runs: bool
+
+
+STALE_KINDS = ("Job", "JobSet")  # what workloads of an earlier run may be
+
+
+def reads(status: dict[str, Any], plan: FineTunePlan) -> Reads:
+    same_run = status.get("run") == plan.run
+    earlier = bool(status.get("run")) and not same_run
+    if same_run and status.get("phase") in (reasons.MERGING, reasons.SUCCEEDED):
+        return Reads("Job", merge.name(plan), False, earlier)
+    attempt = int(status.get("attempt") or 1) if same_run else 1
+    return Reads("JobSet" if plan.multi_host else "Job", training.names(plan, attempt)[0], True, earlier)
+
+
 def decide(v: FineTuneView, settings: OperatorSettings) -> Decision:
     return decide_with(
         v,
