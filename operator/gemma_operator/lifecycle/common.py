@@ -71,15 +71,15 @@ def _pods_refused(view: ResourceView, st: dict, d: Decision) -> None:
     """The PodsCreated condition: False with the API server's refusal (and one Warning Event when
     it appears or changes), True again once pods exist. The phase stays: the cause may go away by
     itself (a quota freed, a ServiceAccount created), and the workload's controller keeps trying."""
-    before = condition(st.get("conditions"), pod_creation.CONDITION) or {}
+    before = condition(st.get("conditions"), reasons.PODS_CREATED) or {}
     if view.refusal is None:
         if before.get("status") == "False":
-            set_cond(view, st, pod_creation.CONDITION, True, pod_creation.CREATED, "no pod of the workload is refused")
+            set_cond(view, st, reasons.PODS_CREATED, True, reasons.PODS_CREATED, "no pod of the workload is refused")
         return
     text = view.refusal.describe()
     if before.get("status") != "False" or before.get("message") != text:
-        d.events.append(("Warning", pod_creation.REFUSED, text))
-    set_cond(view, st, pod_creation.CONDITION, False, pod_creation.REFUSED, text)
+        d.events.append(("Warning", reasons.POD_CREATION_FAILED, text))
+    set_cond(view, st, reasons.PODS_CREATED, False, reasons.POD_CREATION_FAILED, text)
     if st.get("phase") in (reasons.PENDING, reasons.DEPLOYING):
         st["message"] = text
 
