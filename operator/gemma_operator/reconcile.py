@@ -274,23 +274,12 @@ class Controller:
         view = serve_lifecycle.ServeView(
             **_observed(body, api.SERVE), plan=plan, problems=problems, fine_tune_name=ref, fine_tune=fine_tune
         )
-        if plan is not None and plan.model_uri:
-            m = plan.spec.metrics
-            view.missing = await self.addons.missing(
-                {
-                    kind: blocking
-                    for kind, blocking, needed in (
-                        ("LeaderWorkerSet", True, plan.multi_host),
-                        ("PodMonitor", False, m.pod_monitor),
-                        ("PodMonitoring", False, m.pod_monitoring),
-                    )
-                    if needed
-                }
-            )
-            wanted = "LeaderWorkerSet" if plan.multi_host else "Deployment"
+        want = serve_lifecycle.reads(plan) if plan is not None else None
+        if plan is not None and want is not None:
+            view.missing = await self.addons.missing(want.addons)
             for kind in where(serving=True):
-                obj = seen[(kind, serving.name(plan))] = await self.kube.get(kind, namespace, serving.name(plan))
-                if obj is not None and kind == wanted:
+                obj = seen[(kind, want.name)] = await self.kube.get(kind, namespace, want.name)
+                if obj is not None and kind == want.workload_kind:
                     view.workload = obj
                 elif obj is not None:
                     view.extras.append(obj)

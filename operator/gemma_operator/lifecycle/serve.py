@@ -40,6 +40,30 @@ class ServeView(ResourceView):
         return self.plan
 
 
+@dataclass(frozen=True)
+class Reads:
+    """What a reconcile reads for decide() once a model is resolved: the add-ons the plan needs
+    (True: it cannot do without), and its serving children, all named `name`, of which the one of
+    `workload_kind` is the workload (its pods read too) and the others its extras."""
+
+    addons: dict[str, bool]
+    name: str
+    workload_kind: str
+
+
+def reads(plan: ServePlan) -> Reads | None:
+    if not plan.model_uri:  # waiting for the model: nothing to read
+        return None
+    m = plan.spec.metrics
+    needed = (
+        ("LeaderWorkerSet", True, plan.multi_host),
+        ("PodMonitor", False, m.pod_monitor),
+        ("PodMonitoring", False, m.pod_monitoring),
+    )
+    workload_kind = "LeaderWorkerSet" if plan.multi_host else "Deployment"
+    return Reads({kind: blocking for kind, blocking, wanted in needed if wanted}, serving.name(plan), workload_kind)
+
+
 def resolve_model(
     ref_name: str | None, fine_tune: dict | None, status: dict[str, Any], spec: dict[str, Any] | None = None
 ) -> str | None:

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from gemma_operator.children import merge, merge_objects, serving_objects, training, training_objects
+from gemma_operator.children import merge, merge_objects, serving, serving_objects, training, training_objects
 from gemma_operator.lifecycle import finetune as finetune_lifecycle
 from gemma_operator.lifecycle import serve as serve_lifecycle
 from gemma_operator.plan import plan_finetune, plan_serve
@@ -343,6 +343,35 @@ SV_TABLE = {
         ("Failed", NONE_SV),
     ],
 }
+
+
+SV_MULTIHOST_PLAN = plan_serve(
+    "big", NS, serve("big").tpu("v6e", "4x4").spec, SETTINGS, model_uri=MERGED_URI, fine_tune_preset="gemma4-31b"
+)
+SV_MONITORED_PLAN = plan_serve(
+    "chat",
+    NS,
+    serve("chat").fine_tune("ft").set("metrics", {"podMonitor": True, "podMonitoring": True}).spec,
+    SETTINGS,
+    model_uri=MERGED_URI,
+    fine_tune_preset="gemma4-31b",
+)
+SV_WAITING_PLAN = plan_serve("chat", NS, SV_SPEC, SETTINGS, fine_tune_preset="gemma4-31b")
+
+
+@pytest.mark.parametrize(
+    "plan,expected",
+    [
+        (SV_WAITING_PLAN, None),  # no model yet: nothing is read
+        (SV_PLAN, ({}, "Deployment")),
+        (SV_MULTIHOST_PLAN, ({"LeaderWorkerSet": True}, "LeaderWorkerSet")),
+        (SV_MONITORED_PLAN, ({"PodMonitor": False, "PodMonitoring": False}, "Deployment")),
+    ],
+)
+def test_serve_reads_its_children_and_the_add_ons_its_plan_needs(plan, expected):
+    r = serve_lifecycle.reads(plan)
+    assert (r and (r.addons, r.workload_kind)) == expected
+    assert r is None or r.name == serving.name(plan)
 
 
 def _serve_prior(phase: str) -> dict:
