@@ -49,9 +49,9 @@ def resolve(path: str, platform: str | None = None) -> Path:
     if path not in ATTENTION_PATHS:
         raise ValueError(f"attention path {path!r}: expected one of {ATTENTION_PATHS}")
     if path != "auto":
-        return path  # type: ignore[return-value]
+        return path  # type: ignore[return-value]  # one of ATTENTION_PATHS, checked above
     platform = platform or jax.default_backend()
-    return {"tpu": "splash", "gpu": "cudnn"}.get(platform, "reference")  # type: ignore[return-value]
+    return {"tpu": "splash", "gpu": "cudnn"}.get(platform, "reference")  # type: ignore[return-value]  # each a Path
 
 
 def use_attention(model: gemma4.Gemma4, path: str) -> Path:
