@@ -46,10 +46,11 @@ test: venv vllm-venv
 test-fast: venv
 	$(VENV)/bin/python -m pytest -q -m "not slow"
 
-# One formatter and linter, pinned in the `test` extra.
+# One formatter and linter and the type checker, pinned in the `test` extra (mypy's settings: pyproject.toml).
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy operator/gemma_operator workloads/gemma_workloads devcluster/gemma_devcluster
 
 crds: manifests
 

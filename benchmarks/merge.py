@@ -34,7 +34,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from gemma_workloads import tiny
+from gemma_devcluster import tiny
 from gemma_workloads.config import MergeConfig
 
 GEMMA4_31B_WIDTHS = dict(

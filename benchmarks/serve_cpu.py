@@ -14,9 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gemma_devcluster import local_vllm
+from gemma_devcluster import local_vllm, tiny
 from gemma_operator.children.vllm import VllmLaunch
-from gemma_workloads import tiny
 
 REPO = Path(__file__).resolve().parents[1]
 SERVED_NAME = "tiny-gemma"

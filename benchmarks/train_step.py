@@ -46,7 +46,7 @@ from flax import nnx
 from tunix.models.gemma4 import model as gemma4
 from tunix.sft import hooks
 
-from gemma_workloads import tiny
+from gemma_devcluster import tiny
 from gemma_workloads.config import ATTENTION_PATHS, REMAT_POLICIES, DatasetConfig, LoraConfig, TrainConfig
 from gemma_workloads.training import attention as attention_paths
 from gemma_workloads.training import batches, lora, mesh

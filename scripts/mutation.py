@@ -34,24 +34,24 @@ MODULES: dict[str, list[str]] = {
     "operator/gemma_operator/rollout_gate.py": ["tests/operator/test_rollout_gate.py"],
     "workloads/gemma_workloads/merging/lora_mapping.py": ["tests/workloads/merging/test_lora_mapping.py"],
     "operator/gemma_operator/plan/finetune.py": [
-        "tests/operator/test_plan.py",
-        "tests/operator/test_remat_choice.py",
-        "tests/operator/test_host_memory.py",
-        "tests/operator/test_plan_schedule.py",
+        "tests/operator/plan/test_plan.py",
+        "tests/operator/plan/test_remat_choice.py",
+        "tests/operator/plan/test_host_memory.py",
+        "tests/operator/plan/test_plan_schedule.py",
     ],
     "operator/gemma_operator/lifecycle/finetune.py": [
-        "tests/operator/test_lifecycle_tables.py",
-        "tests/operator/test_lifecycle_accounting.py",
-        "tests/operator/test_chip_hours.py",
+        "tests/operator/lifecycle/test_lifecycle_tables.py",
+        "tests/operator/lifecycle/test_lifecycle_accounting.py",
+        "tests/operator/lifecycle/test_chip_hours.py",
     ],
     "operator/gemma_operator/failure_policy.py": [
         "tests/operator/test_failure_policy_tables.py",
-        "tests/operator/test_lifecycle_accounting.py",
+        "tests/operator/lifecycle/test_lifecycle_accounting.py",
     ],
     "operator/gemma_operator/fit.py": [
         "tests/operator/test_fit_hand_checked.py",
-        "tests/operator/test_remat_choice.py",
-        "tests/operator/test_plan.py",
+        "tests/operator/plan/test_remat_choice.py",
+        "tests/operator/plan/test_plan.py",
     ],
 }
 

@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The tests that run the real operator (kopf over HTTP against the in-process API server).
 OPERATOR_TESTS = [
-    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "operator").glob("test_operator_*.py")),
-    "tests/operator/test_faults.py",
-    "tests/operator/test_leader_election.py",
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "operator" / "integration").glob("test_operator_*.py")),
+    "tests/operator/integration/test_faults.py",
+    "tests/operator/integration/test_leader_election.py",
     "tests/packaging/test_rbac.py",
     "tests/packaging/test_operator_process.py",
 ]

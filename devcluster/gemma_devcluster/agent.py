@@ -52,7 +52,7 @@ def _cond(obj: dict, type_: str) -> dict | None:
 
 def failure_action(policy: dict | None, pod: dict) -> tuple[str, int | None]:
     """(action, rule index) of a Job's podFailurePolicy for a failed pod; ("Count", None) if none matches."""
-    terminated = next(
+    terminated: dict[str, Any] = next(
         (
             cs["state"]["terminated"]
             for cs in pod["status"].get("containerStatuses") or []
@@ -74,7 +74,21 @@ def failure_action(policy: dict | None, pod: dict) -> tuple[str, int | None]:
     return "Count", None
 
 
-def _failure_message(pod: dict, action: str, index: int) -> str:
+def _failures(policy: dict | None, pods: list[dict]) -> tuple[int, tuple[str, str] | None]:
+    """(failed pods counted against the backoff limit, the (reason, message) of a FailJob rule that matched)."""
+    counted, verdict = 0, None
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") != "Failed":
+            continue
+        action, index = failure_action(policy, pod)
+        if action == "FailJob":
+            verdict = ("PodFailurePolicy", _failure_message(pod, action, index))
+        elif action == "Count":
+            counted += 1
+    return counted, verdict
+
+
+def _failure_message(pod: dict, action: str, index: int | None) -> str:
     meta = pod["metadata"]
     terminated = next(
         (cs for cs in pod["status"].get("containerStatuses") or [] if "terminated" in cs.get("state", {})), None
@@ -222,15 +236,7 @@ class NodeAgent:
             status.pop("startTime")  # a resumed Job starts again
             await self._job_status(job, status)
             return
-        counted, verdict = 0, None
-        for pod in pods:
-            if (pod.get("status") or {}).get("phase") != "Failed":
-                continue
-            action, index = failure_action(spec.get("podFailurePolicy"), pod)
-            if action == "FailJob":
-                verdict = ("PodFailurePolicy", _failure_message(pod, action, index))
-            elif action == "Count":
-                counted += 1
+        counted, verdict = _failures(spec.get("podFailurePolicy"), pods)
         succeeded = sum((p.get("status") or {}).get("phase") == "Succeeded" for p in pods)
         t = timestamp(now())
         if succeeded:
@@ -304,7 +310,7 @@ class NodeAgent:
         ready_count = sum(ready(p) for p in live)
         updated_ready = sum(ready(p) for p in current)
         deadline = int(spec.get("progressDeadlineSeconds", 600))
-        started = min((parse_time(p["metadata"].get("creationTimestamp")) for p in current), default=None)
+        started = min((t for p in current if (t := parse_time(p["metadata"].get("creationTimestamp")))), default=None)
         if current and updated_ready >= replicas:
             progressing = {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}
         elif started and (now() - started).total_seconds() > deadline:

@@ -25,8 +25,9 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
+from collections.abc import Set as AbstractSet
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import attrs
 import jsonpatch
@@ -130,8 +131,8 @@ class Call(NamedTuple):
 class ApiServer(kmock.KubernetesScaffold):
     """The stateful API. `objects` is keyed by (resource, namespace, name)."""
 
-    objects: dict[tuple[kmock.resource, str | None, str], dict[str, Any]] = attrs.field(factory=dict, init=False)
-    pod_logs: dict[tuple[str, str], str] = attrs.field(factory=dict, init=False)
+    objects: dict[tuple[kmock.resource, str | None, str | None], dict[str, Any]] = attrs.field(factory=dict, init=False)
+    pod_logs: dict[tuple[str | None, str | None], str] = attrs.field(factory=dict, init=False)
     calls: collections.Counter = attrs.field(factory=collections.Counter, init=False)
     calls_by_agent: dict[str, collections.Counter] = attrs.field(
         factory=lambda: collections.defaultdict(collections.Counter), init=False
@@ -189,10 +190,10 @@ class ApiServer(kmock.KubernetesScaffold):
         kind: str,
         *,
         namespaced: bool = True,
-        subresources: set[str] = frozenset(),
+        subresources: AbstractSet[str] = frozenset(),
         schema: dict | None = None,
-        short_names: set[str] = frozenset(),
-        categories: set[str] = frozenset(),
+        short_names: AbstractSet[str] = frozenset(),
+        categories: AbstractSet[str] = frozenset(),
         columns: list[dict] | None = None,
     ) -> None:
         group, _, version = group_version.rpartition("/")
@@ -287,8 +288,9 @@ class ApiServer(kmock.KubernetesScaffold):
     async def _serve_version(self, request: kmock.Request) -> dict[str, Any]:
         """Discovery as the API server gives it: the core group is plain `v1`, and subresources
         carry their own verbs and no short names (kubectl warns of ambiguity otherwise)."""
-        payload = await super()._serve_version(request)
+        payload = cast(dict[str, Any], await super()._serve_version(request))  # kmock's discovery: JSON
         res = request.resource
+        assert res is not None  # a discovery URL names its group and version
         payload["groupVersion"] = f"{res.group}/{res.version}" if res.group else res.version
         for entry in payload["resources"]:
             if "/" in entry["name"]:
@@ -305,9 +307,9 @@ class ApiServer(kmock.KubernetesScaffold):
     # ------------------------------------------------------------------ helpers
 
     def _record(self, verb: str, request: kmock.Request) -> None:
-        res = request.resource
+        res = self._kind(request.resource).resource
         sub = f"/{request.subresource}" if request.subresource else ""
-        call = (verb, res.group, f"{res.plural}{sub}")
+        call = (verb, res.group or "", f"{res.plural}{sub}")
         self.calls[call] += 1
         agent = request.headers.get("User-Agent", "")
         self.calls_by_agent[agent][Call(*call, request.namespace, request.name)] += 1
@@ -319,7 +321,7 @@ class ApiServer(kmock.KubernetesScaffold):
         return str(self._rv)
 
     def _emit(self, res: kmock.resource, type_: str, obj: dict[str, Any]) -> None:
-        event = {"type": type_, "object": copy.deepcopy(obj)}
+        event: dict[str, Any] = {"type": type_, "object": copy.deepcopy(obj)}
         self._history.append((int(obj["metadata"]["resourceVersion"]), res, event))
         for queue in self._watchers[res]:
             queue.put_nowait(event)
@@ -337,9 +339,10 @@ class ApiServer(kmock.KubernetesScaffold):
         )
 
     def _get(self, request: kmock.Request) -> dict[str, Any]:
-        obj = self.objects.get((request.resource, request.namespace, request.name))
+        res = self._kind(request.resource).resource
+        obj = self.objects.get((res, request.namespace, request.name))
         if obj is None:
-            raise error(404, "NotFound", f'{request.resource.plural} "{request.name}" not found')
+            raise error(404, "NotFound", f'{res.plural} "{request.name}" not found')
         return obj
 
     # ------------------------------------------------------------------ verbs
@@ -357,7 +360,7 @@ class ApiServer(kmock.KubernetesScaffold):
         if "as=Table" in (request.headers.get("Accept") or ""):
             return kind.table(items, rv)
         return {
-            "apiVersion": request.resource.group and f"{request.resource.group}/{request.resource.version}" or "v1",
+            "apiVersion": kind.resource.group and f"{kind.resource.group}/{kind.resource.version}" or "v1",
             "kind": f"{kind.kind}List",
             "metadata": {"resourceVersion": rv},
             "items": items,
@@ -369,6 +372,7 @@ class ApiServer(kmock.KubernetesScaffold):
         yield b""  # send the headers now: a watch may stay silent for long
         queue: asyncio.Queue = asyncio.Queue()
         since = request.params.get("resourceVersion")
+        initial: list[dict[str, Any]]
         async with self._lock:  # the snapshot and the subscription are one step: nothing is lost
             if since in (None, "", "0"):
                 initial = [
@@ -486,7 +490,7 @@ class ApiServer(kmock.KubernetesScaffold):
         key = (res, namespace, "default")
         if res not in self._kinds or key in self.objects:
             return
-        meta = {"name": "default", "namespace": namespace, "uid": str(uuid.uuid4())}
+        meta: dict[str, Any] = {"name": "default", "namespace": namespace, "uid": str(uuid.uuid4())}
         meta.update(creationTimestamp=timestamp(now()), generation=1, resourceVersion=self._next_rv())
         self.objects[key] = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
         self._emit(res, "ADDED", self.objects[key])
@@ -500,23 +504,7 @@ class ApiServer(kmock.KubernetesScaffold):
         ctype = (request.headers.get("Content-Type") or "").split(";")[0]
         async with self._lock:
             old = self._get(request)
-            try:
-                if ctype == "application/json-patch+json":
-                    new = jsonpatch.apply_patch(copy.deepcopy(old), request.data)
-                elif ctype in (
-                    "application/merge-patch+json",
-                    "application/strategic-merge-patch+json",
-                    "application/json",
-                    "",
-                ):
-                    # Strategic merge is approximated as a merge patch: lists are replaced, not merged.
-                    new = merge_patch(old, request.data)
-                else:
-                    raise error(415, "UnsupportedMediaType", f"patch type {ctype} is not supported")
-            except jsonpatch.JsonPatchTestFailed as e:
-                raise error(422, "Invalid", f"the patch test failed: {e}") from None
-            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
-                raise error(422, "Invalid", str(e)) from None
+            new = _apply_patch(old, request.data, ctype)
             wanted_rv = (
                 ((request.data or {}).get("metadata") or {}).get("resourceVersion")
                 if isinstance(request.data, dict)
@@ -524,20 +512,7 @@ class ApiServer(kmock.KubernetesScaffold):
             )
             if wanted_rv and wanted_rv != old["metadata"]["resourceVersion"]:
                 raise error(409, "Conflict", f"the object has been modified (resourceVersion {wanted_rv} is stale)")
-            if "status" in kind.subresources:  # status and the rest change through separate endpoints
-                if sub == "status":
-                    new = {**copy.deepcopy(old), "status": new.get("status")}
-                    if new["status"] is None:
-                        new.pop("status")
-                else:
-                    new["status"] = copy.deepcopy(old.get("status"))
-                    if new["status"] is None:
-                        new.pop("status")
-            meta = new.setdefault("metadata", {})
-            for fixed in ("uid", "name", "namespace", "creationTimestamp", "generation", "resourceVersion"):
-                if fixed in old["metadata"]:
-                    meta[fixed] = old["metadata"][fixed]
-            new = kind.admit(new)
+            new = kind.admit(_through_endpoint(old, new, sub, "status" in kind.subresources))
             if new == old:
                 return copy.deepcopy(old)
             strip = lambda o: {k: v for k, v in o.items() if k not in ("metadata", "status")}  # noqa: E731
@@ -592,3 +567,41 @@ class ApiServer(kmock.KubernetesScaffold):
     def resource_of(self, api_version: str, plural: str) -> kmock.resource:
         group, _, version = api_version.rpartition("/")
         return kmock.resource(group, version, plural)
+
+
+def _apply_patch(old: dict[str, Any], patch: Any, content_type: str) -> dict[str, Any]:
+    """The object with a JSON patch or a merge patch applied; 415 for another patch type, 422 for a
+    patch that does not apply (a failed `test` included)."""
+    try:
+        if content_type == "application/json-patch+json":
+            return jsonpatch.apply_patch(copy.deepcopy(old), patch)
+        if content_type in (
+            "application/merge-patch+json",
+            "application/strategic-merge-patch+json",
+            "application/json",
+            "",
+        ):
+            # Strategic merge is approximated as a merge patch: lists are replaced, not merged.
+            return merge_patch(old, patch)
+        raise error(415, "UnsupportedMediaType", f"patch type {content_type} is not supported")
+    except jsonpatch.JsonPatchTestFailed as e:
+        raise error(422, "Invalid", f"the patch test failed: {e}") from None
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+        raise error(422, "Invalid", str(e)) from None
+
+
+def _through_endpoint(old: dict[str, Any], new: dict[str, Any], sub: str | None, split: bool) -> dict[str, Any]:
+    """What a patch may change: with a status subresource (`split`), only the status through it and
+    all but the status through the main endpoint; never the identity and bookkeeping metadata."""
+    if split:
+        if sub == "status":
+            new = {**copy.deepcopy(old), "status": new.get("status")}
+        else:
+            new["status"] = copy.deepcopy(old.get("status"))
+        if new["status"] is None:
+            new.pop("status")
+    meta = new.setdefault("metadata", {})
+    for fixed in ("uid", "name", "namespace", "creationTimestamp", "generation", "resourceVersion"):
+        if fixed in old["metadata"]:
+            meta[fixed] = old["metadata"][fixed]
+    return new

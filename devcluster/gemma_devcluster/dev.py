@@ -29,6 +29,7 @@ from typing import Any
 import kmock
 import yaml
 
+from gemma_devcluster import tiny
 from gemma_devcluster.agent import NodeAgent
 from gemma_devcluster.apiserver import ApiServer, write_kubeconfig
 from gemma_devcluster.display import Table
@@ -38,7 +39,6 @@ from gemma_devcluster.processes import port_in_use
 from gemma_operator import api, runner
 from gemma_operator.kube import Kube
 from gemma_operator.settings import OperatorSettings
-from gemma_workloads import tiny
 from gemma_workloads.config import run_dir
 
 DATA_CLAIM = "gemma-data"  # the PVC of examples/quickstart, a folder here
@@ -96,7 +96,7 @@ def _make_data(data: Path) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "gemma_workloads.tiny",
+        "gemma_devcluster.tiny",
         str(data / "tiny-gemma4"),
         "--dataset",
         str(data / DATASET),
@@ -162,7 +162,7 @@ def _print_answers(answers: list[Answer]) -> None:
 
 async def _serving_port(kube: Kube, serve: dict | None) -> int | None:
     """The host port of a ready pod behind a Ready GemmaServe's Service (pods share this machine)."""
-    if ((serve or {}).get("status") or {}).get("phase") != "Ready":
+    if serve is None or (serve.get("status") or {}).get("phase") != "Ready":
         return None
     svc = await kube.get("Service", serve["metadata"]["namespace"], f"{serve['metadata']['name']}-vllm")
     if svc is None:
@@ -196,7 +196,7 @@ def _service_accounts(docs: list[dict], settings: OperatorSettings) -> list[tupl
 def _failure_details(apiserver: ApiServer, obj: dict) -> str:
     """The last log lines of the failed pod of a resource, for a plain report."""
     name = obj["metadata"]["name"]
-    tails = [(k, v) for k, v in apiserver.pod_logs.items() if k[1].startswith(name)]
+    tails = [(k, v) for k, v in apiserver.pod_logs.items() if (k[1] or "").startswith(name)]
     if not tails:
         return ""
     (_, pod), text = tails[-1]
@@ -292,7 +292,7 @@ async def _follow(
                     + _failure_details(apiserver, obj)
                 )
         port = await _serving_port(kube, out.serve)
-        if port:
+        if port and out.serve:
             out.endpoint = f"http://127.0.0.1:{port}/v1"
             base = _base_answers(out.data_dir, out.fine_tune) if out.data_dir and out.fine_tune else {}
             try:

@@ -92,10 +92,10 @@ class FaultyApiServer(ApiServer):
 
     def _write(self, request: kmock.Request) -> tuple[str, str, str | None] | None:
         """(verb, resource, name) of a write by a targeted client; None for anything else."""
-        verb = _VERBS.get(request.action)
+        verb = _VERBS.get(request.action) if request.action is not None else None
         if verb is None or request.resource is None or not self._targeted(request):
             return None
-        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        resource = _plural(request) + (f"/{request.subresource}" if request.subresource else "")
         name = request.name
         if verb == "create" and isinstance(request.data, dict):
             name = (request.data.get("metadata") or {}).get("name")
@@ -162,7 +162,7 @@ class FaultyApiServer(ApiServer):
         timeout = super()._watch_timeout(request)
         if self.watch_lifetime is None or not self._targeted(request):
             return timeout
-        self.injected[(WATCH_CLOSED, request.resource.plural)] += 1
+        self.injected[(WATCH_CLOSED, _plural(request))] += 1
         lifetime = self.watch_lifetime * (0.5 + self._rng.random())
         return min(timeout, lifetime) if timeout else lifetime
 
@@ -170,9 +170,14 @@ class FaultyApiServer(ApiServer):
         resumed = request.params.get("resourceVersion") not in (None, "", "0")
         if resumed and self._targeted(request) and self._rng.random() < self.expire_rate:
             self._record("watch", request)
-            self.injected[(WATCH_EXPIRED, request.resource.plural)] += 1
+            self.injected[(WATCH_EXPIRED, _plural(request))] += 1
             yield b""
             yield copy.deepcopy(EXPIRED)
             return
         async for item in super()._watch(request):
             yield item
+
+
+def _plural(request: kmock.Request) -> str:
+    """The resource a request names, as RBAC and the counts of injected faults name it."""
+    return (request.resource.plural if request.resource else None) or ""

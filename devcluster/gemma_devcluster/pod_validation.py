@@ -46,7 +46,9 @@ def refusal(group: str, kind: str, obj: dict[str, Any]) -> tuple[int, str, str] 
     """(status, reason, message) of the API server's refusal of `obj`: 400 when a quantity cannot
     be decoded, 422 with its field errors when the pod spec is invalid; None when it is accepted."""
     path = POD_SPEC_PATHS.get((group, kind))
-    spec = _pod_spec(obj, path) if path else None
+    if path is None:
+        return None
+    spec = _pod_spec(obj, path)
     if spec is None:
         return None
     where = ".".join(path)

@@ -240,10 +240,10 @@ class Kind:
     def admit(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Defaulting, pruning and validation, in the API server's order."""
         if self.schema is None:
-            if refused := pod_validation.refusal(self.resource.group, self.kind, obj):
+            if refused := pod_validation.refusal(self.resource.group or "", self.kind, obj):
                 raise error(*refused)
             return obj
-        meta = obj.get("metadata")
+        meta = obj.get("metadata") or {}
         body = _prune(self.schema, _apply_defaults(self.schema, obj))
         body["metadata"] = meta
         errors = sorted(jsonschema.Draft7Validator(_as_jsonschema(self.schema)).iter_errors(body), key=str)

@@ -10,11 +10,12 @@ storage, images), and one file read top to bottom is how `kubectl explain` reads
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from gemma_operator import reasons
 from gemma_operator.vllm_flags import check_extra_args
 from gemma_workloads import config
 
@@ -28,7 +29,10 @@ DType = Literal["bfloat16", "float32"]
 MergeDType = Literal["bfloat16", "float16", "float32"]
 MergeOutputKind = Literal["adapter", "merged", "both"]
 # Hugging Face projection names, as the training workload maps them (its LORA_MODULES).
-LoraTarget = Literal[tuple(config.LORA_MODULES)]
+if TYPE_CHECKING:
+    LoraTarget = str  # a type checker cannot read a Literal built at run time
+else:
+    LoraTarget = Literal[tuple(config.LORA_MODULES)]
 LrSchedule = Literal["cosine", "linear", "constant"]
 # Evaluation figures (the training workload's names: gemma_workloads.config.EVAL_METRICS).
 EvalMetric = Literal["evalLoss", "perplexity", "exactMatch", "contains", "regexMatch"]
@@ -501,7 +505,7 @@ class GemmaFineTuneStatus(ObservedStatus):
     """What the operator observed of a GemmaFineTune."""
 
     phase: Annotated[
-        Literal["Pending", "Training", "Merging", "Succeeded", "Failed", "Suspended"] | None,
+        reasons.FineTunePhase | None,
         Field(description="Where the fine-tune is in its life."),
     ] = None
     model: Annotated[Text | None, Field(description="The base model, as planned.")] = None
@@ -763,7 +767,7 @@ class GemmaServeStatus(ObservedStatus):
     """What the operator observed of a GemmaServe."""
 
     phase: Annotated[
-        Literal["Pending", "WaitingForModel", "Deploying", "Ready", "Failed"] | None,
+        reasons.ServePhase | None,
         Field(description="Where the service is in its life."),
     ] = None
     model_uri: Annotated[

@@ -26,6 +26,7 @@ from pydantic import TypeAdapter
 from gemma_operator import api, crd, crd_validation, plan_text
 from gemma_operator.children import merge_objects, serving_objects, training_objects
 from gemma_operator.plan import SpecError, plan_finetune, plan_serve
+from gemma_operator.plan.served_model import served_model
 from gemma_operator.settings import load_settings
 
 EXIT_INVALID = 2
@@ -74,7 +75,7 @@ _KubeLoader.add_implicit_resolver(
 def _load_crs(paths: list[str]) -> list[Any]:
     """Every document of the given files, directories (their *.yaml, *.yml) or stdin ('-'), with the
     items of a `kind: List` (what `kubectl get -o yaml` writes) as documents of their own."""
-    docs = []
+    docs: list[Any] = []
     for path in paths:
         if path == "-":
             texts = [sys.stdin.read()]
@@ -124,7 +125,7 @@ def _identify(doc: Any) -> tuple[str, str, str]:
         problems += [f"{kind or '?'}/{name}: {m}" for m in crd_validation.problems(name, NAME_SCHEMA, "metadata.name")]
     if problems:
         raise SpecError(problems)
-    return kind, name, meta.get("namespace") or "default"
+    return str(kind), str(name), meta.get("namespace") or "default"
 
 
 UNKNOWN_FINE_TUNE = (
@@ -163,22 +164,23 @@ def plan_documents(docs: list[Any], settings) -> tuple[list[tuple[str, Any]], li
     for name, namespace, doc, labels in serves:
         ref = doc["spec"].get("model", {}).get("fineTuneRef")
         ft = finetunes.get((namespace, ref.get("name"))) if ref else None
+        source = served_model(doc["spec"], ft)
         try:
-            p = plan_serve(
+            sp = plan_serve(
                 name,
                 namespace,
                 doc["spec"],
                 settings,
-                model_uri=ft.merged_dir if ft else None,
-                fine_tune_preset=ft.preset if ft else None,
+                model_uri=source.uri,
+                fine_tune_preset=source.preset,
                 labels=labels,
             )
         except SpecError as e:
             problems += [f"GemmaServe/{name}: {m}" for m in e.problems]
             continue
         if ref and ft is None:
-            p = replace(p, warnings=(UNKNOWN_FINE_TUNE.format(name=ref.get("name")), *p.warnings))
-        plans.append(("GemmaServe", p))
+            sp = replace(sp, warnings=(UNKNOWN_FINE_TUNE.format(name=ref.get("name")), *sp.warnings))
+        plans.append(("GemmaServe", sp))
     return plans, problems
 
 

@@ -75,7 +75,7 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     return _convert(raw, defs, rules, model.__name__)
 
 
-def _convert(node: dict, defs: dict, rules: dict, name: str | None = None) -> dict[str, Any]:
+def _convert(node: dict, defs: dict, rules: dict, name: str | None = None) -> dict[str, Any]:  # noqa: C901  one case per keyword the CRD dialect of JSON Schema treats differently
     if "$ref" in node:
         ref = node["$ref"].rsplit("/", 1)[-1]
         extra = {k: v for k, v in node.items() if k != "$ref"}
@@ -130,7 +130,7 @@ def _object_defaults(schema: dict[str, Any], model: type[BaseModel]) -> None:
         prop = schema["properties"].get(alias)
         if prop is None or field.default_factory is None:
             continue
-        value = field.default_factory()
+        value = field.get_default(call_default_factory=True)
         if isinstance(value, BaseModel):
             prop["default"] = value.model_dump(mode="json", by_alias=True, exclude_none=True)
             _object_defaults(prop, type(value))

@@ -12,7 +12,7 @@ import json
 import math
 from typing import Any
 
-from gemma_operator import api
+from gemma_operator import api, reasons
 from gemma_workloads.config import MetricResult, TrainResult
 
 # The headline of `kubectl get gft`: the one figure every evaluation has (each row has answer
@@ -101,7 +101,7 @@ def runs_of(fine_tune_status: dict[str, Any]) -> list[dict[str, Any]]:
     `runs` existed still names its merged output: that is its one run, without figures."""
     runs = list(fine_tune_status.get("runs") or [])
     merged = (fine_tune_status.get("outputs") or {}).get("merged")
-    if not runs and merged and fine_tune_status.get("phase") == "Succeeded":
+    if not runs and merged and fine_tune_status.get("phase") == reasons.SUCCEEDED:
         runs = [{"run": fine_tune_status.get("run") or "", "merged": merged}]
     return runs
 
@@ -115,22 +115,22 @@ def record_evaluation(
     if dropped:
         left_out = ", ".join(dropped)
         events.append(
-            ("Warning", "EvaluationNotFinite", f"run {run}: figures that are not finite, left out: {left_out}")
+            ("Warning", reasons.EVALUATION_NOT_FINITE, f"run {run}: figures that are not finite, left out: {left_out}")
         )
     if results is not None:  # evaluated, even if nothing usable came of it: a gate then names what is missing
         st["evaluation"] = status_of(run, metrics)
     if metrics:
-        events.append(("Normal", "Evaluated", describe(run, metrics)))
+        events.append(("Normal", reasons.EVALUATED, describe(run, metrics)))
     elif expected and results is None:
         message = f"run {run}: spec.evaluation is set but the training result has no figures"
-        events.append(("Warning", "NoEvaluation", message))
+        events.append(("Warning", reasons.NO_EVALUATION, message))
     return events
 
 
 def record_merged_run(st: dict[str, Any], run: str, at: str) -> None:
     """Keep a succeeded run whose merged output exists in `status.runs`, with its figures."""
     merged = (st.get("outputs") or {}).get("merged")
-    if st.get("phase") != "Succeeded" or not merged:
+    if st.get("phase") != reasons.SUCCEEDED or not merged:
         return
     ev = st.get("evaluation") or {}
     runs = record_run(

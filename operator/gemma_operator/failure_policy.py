@@ -17,6 +17,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from gemma_operator import reasons
 from gemma_workloads.config import EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_PREEMPTED
 
 
@@ -52,7 +53,7 @@ def job_pod_failure_policy(container: str) -> dict[str, Any]:
     count towards backoffLimit, every other exit code fails the Job at once."""
     return {
         "rules": [
-            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {"action": "Ignore", "onPodConditions": [{"type": reasons.POD_DISRUPTION_TARGET, "status": "True"}]},
             {
                 "action": "Ignore",
                 "onExitCodes": {"containerName": container, "operator": "In", "values": _codes(Action.RESTART)},
@@ -72,7 +73,7 @@ def _jobset_job_rules(container: str) -> list[tuple[dict[str, Any], bool]]:
         return {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": operator, "values": codes}}
 
     return [
-        ({"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}, True),
+        ({"action": "FailJob", "onPodConditions": [{"type": reasons.POD_DISRUPTION_TARGET, "status": "True"}]}, True),
         (exit_codes("In", _codes(Action.RESTART)), True),
         (exit_codes("NotIn", _not_failing_codes()), False),
     ]
@@ -98,10 +99,14 @@ def jobset_failure_policy(max_restarts: int) -> dict[str, Any]:
             {
                 "name": "preemption",
                 "action": "RestartJobSetAndIgnoreMaxRestarts",
-                "onJobFailureReasons": ["PodFailurePolicy"],
+                "onJobFailureReasons": [reasons.JOB_POD_FAILURE_POLICY],
                 "onJobFailureMessagePatterns": [PREEMPTION_MESSAGE],
             },
-            {"name": "applicationError", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
+            {
+                "name": "applicationError",
+                "action": "FailJobSet",
+                "onJobFailureReasons": [reasons.JOB_POD_FAILURE_POLICY],
+            },
         ],
     }
 
@@ -130,15 +135,15 @@ def _condition(obj: dict, type_: str) -> dict | None:
 def job_outcome(job: dict) -> Outcome:
     status = job.get("status") or {}
     failed = int(status.get("failed") or 0)
-    if c := _condition(job, "Complete"):
-        return Outcome("Succeeded", c.get("reason", ""), c.get("message", ""), failed)
-    if c := (_condition(job, "Failed") or _condition(job, "FailureTarget")):
-        return Outcome("Failed", c.get("reason", ""), c.get("message", ""), failed)
+    if c := _condition(job, reasons.JOB_COMPLETE):
+        return Outcome(reasons.SUCCEEDED, c.get("reason", ""), c.get("message", ""), failed)
+    if c := (_condition(job, reasons.JOB_FAILED) or _condition(job, reasons.JOB_FAILURE_TARGET)):
+        return Outcome(reasons.FAILED, c.get("reason", ""), c.get("message", ""), failed)
     if (job.get("spec") or {}).get("suspend"):
-        return Outcome("Suspended", restarts=failed)
+        return Outcome(reasons.SUSPENDED, restarts=failed)
     # `active` also counts pods still waiting for a node; `ready` only those running.
     running = int(status.get("ready") or 0) > 0
-    return Outcome("Running" if running else "Pending", restarts=failed)
+    return Outcome(reasons.RUNNING if running else reasons.PENDING, restarts=failed)
 
 
 def jobset_outcome(jobset: dict) -> Outcome:
@@ -148,14 +153,14 @@ def jobset_outcome(jobset: dict) -> Outcome:
     # it: so a missing count means all restarts were preemptions, not that none were.
     counted = int(status.get("restartsCountTowardsMax") or 0)
     preempted = restarts - counted
-    if c := _condition(jobset, "Completed"):
-        return Outcome("Succeeded", c.get("reason", ""), c.get("message", ""), counted, preempted)
-    if c := _condition(jobset, "Failed"):
-        return Outcome("Failed", c.get("reason", ""), c.get("message", ""), counted, preempted)
+    if c := _condition(jobset, reasons.JOBSET_COMPLETED):
+        return Outcome(reasons.SUCCEEDED, c.get("reason", ""), c.get("message", ""), counted, preempted)
+    if c := _condition(jobset, reasons.JOB_FAILED):
+        return Outcome(reasons.FAILED, c.get("reason", ""), c.get("message", ""), counted, preempted)
     if (jobset.get("spec") or {}).get("suspend"):
-        return Outcome("Suspended", restarts=counted, preemptions=preempted)
+        return Outcome(reasons.SUSPENDED, restarts=counted, preemptions=preempted)
     ready = sum(int(r.get("ready") or 0) for r in status.get("replicatedJobsStatus") or [])
-    return Outcome("Running" if ready else "Pending", restarts=counted, preemptions=preempted)
+    return Outcome(reasons.RUNNING if ready else reasons.PENDING, restarts=counted, preemptions=preempted)
 
 
 def outcome(obj: dict) -> Outcome:
@@ -164,7 +169,7 @@ def outcome(obj: dict) -> Outcome:
 
 def is_preemption(pod: dict) -> bool:
     """A failed pod that was preempted or evicted for maintenance (not counted as a failure)."""
-    if _condition(pod, "DisruptionTarget"):
+    if _condition(pod, reasons.POD_DISRUPTION_TARGET):
         return True
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         terminated = (cs.get("state") or {}).get("terminated") or {}

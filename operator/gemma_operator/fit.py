@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Literal
 
 from gemma_operator.model_shapes import DTYPE_BYTES, ModelShape
 
@@ -42,7 +43,10 @@ _SIZE_UNITS = {
 
 def parse_size(text: str) -> int:
     """Bytes of a Kubernetes-style quantity ("64Gi", "10GB")."""
-    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", text).groups()
+    match = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a quantity such as 64Gi or 10GB")
+    number, unit = match.groups()
     return int(float(number) * _SIZE_UNITS[unit])
 
 
@@ -106,14 +110,15 @@ def training_memory(
     return MemoryEstimate(parts, hbm_gib * GIB * usable_fraction, activations_by_remat=by_remat)
 
 
-def remat_policy(estimate: MemoryEstimate) -> str:
+def remat_policy(estimate: MemoryEstimate) -> Literal["none", "dots", "full"]:
     """The fastest remat policy whose activations fit beside the rest of a training estimate:
     "none", then "dots", else "full". Host offload is never chosen here: the host's memory is
     budgeted for loading the checkpoint (host.py), not for activations."""
     rest = estimate.total - estimate.parts["activations"]
-    for policy in ("none", "dots"):
-        if rest + estimate.activations_by_remat[policy] <= estimate.available:
-            return policy
+    if rest + estimate.activations_by_remat["none"] <= estimate.available:
+        return "none"
+    if rest + estimate.activations_by_remat["dots"] <= estimate.available:
+        return "dots"
     return "full"
 
 

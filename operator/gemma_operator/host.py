@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 from gemma_operator import fit, tpu
 from gemma_operator.model_shapes import ModelShape
+from gemma_operator.model_uri import ModelUri
 from gemma_operator.settings import OperatorSettings
 
 STAGING_DIR = "/staging"
 SHM_SIZE = "1Gi"  # JAX's and the data loader's shared memory; the model never goes there
-STAGED_SCHEMES = ("gs://", "hf://")
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def plan_host(
     """Requests and staging of one training host; without a preset the settings' sizes stand in."""
     h = settings.training_host
     memory = None
-    request = fit.parse_size(settings.resources.training_memory)
+    request: float = fit.parse_size(settings.resources.training_memory)
     if shape is not None:
         memory = fit.host_memory(
             shape,
@@ -70,7 +70,7 @@ def plan_host(
             usable_fraction=h.memory_usable_fraction,
         )
         request = max(request, memory.total)
-    if not model_path.startswith(STAGED_SCHEMES):
+    if not ModelUri.parse(model_path).staged:
         return HostPlan(memory, _quantity(request), None, None, None)
     storage_class = h.staging_storage_classes.get(slice_.generation) or h.staging_storage_class
     if shape is None:

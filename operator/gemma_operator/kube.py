@@ -7,6 +7,7 @@ event loop stays free. The kinds it may touch, and how, are the table in `kinds.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import hashlib
 import json
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import kubernetes
 import urllib3
 from kubernetes.client.rest import ApiException
 
-from gemma_operator import api
+from gemma_operator import api, reasons
 from gemma_operator.clock import now, timestamp
 from gemma_operator.kinds import KINDS, KindInfo
 
@@ -52,7 +53,7 @@ class NotLeading(ApiError):
     """A write refused by this replica itself: it no longer holds the leader's Lease."""
 
     def __init__(self, request: str = "") -> None:
-        super().__init__(UNREACHABLE, "NotLeading", "this replica does not hold the leader's Lease", request)
+        super().__init__(UNREACHABLE, reasons.NOT_LEADING, "this replica does not hold the leader's Lease", request)
 
 
 # What the Kubernetes client raises: an answer other than 2xx, or the failure to get one.
@@ -68,8 +69,8 @@ def api_error(e: ApiException | urllib3.exceptions.HTTPError | OSError, request:
         except ValueError:
             body = {}
         try:
-            retry_after = float((e.headers or {}).get("Retry-After"))
-        except (TypeError, ValueError):
+            retry_after = float((e.headers or {})["Retry-After"])
+        except (KeyError, TypeError, ValueError):
             retry_after = None
         reason, message = body.get("reason") or str(e.reason), body.get("message") or str(e.body)
         return ApiError(e.status, reason, message, request, retry_after)
@@ -162,7 +163,7 @@ class Kube:
 
     async def list(
         self, kind: str, namespace: str | None, label_selector: str | None = None, field_selector: str | None = None
-    ) -> list[dict]:
+    ) -> builtins.list[dict]:
         query = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v}
         return (await self._call("GET", self._path(kind, namespace), query=query))["items"]
 
@@ -173,7 +174,9 @@ class Kube:
         path = self._path(kind, namespace, name, "status" if status else None)
         return await self._call("PATCH", path, body=patch, content_type="application/merge-patch+json")
 
-    async def patch_json(self, kind: str, namespace: str, name: str, ops: list[dict], *, status: bool = False) -> dict:
+    async def patch_json(
+        self, kind: str, namespace: str, name: str, ops: builtins.list[dict], *, status: bool = False
+    ) -> dict:
         """A JSON patch (RFC 6902): its `test` operations make it fail (422) if what they test changed."""
         path = self._path(kind, namespace, name, "status" if status else None)
         return await self._call("PATCH", path, body=ops, content_type="application/json-patch+json")
@@ -245,7 +248,7 @@ class Kube:
         meta = obj["metadata"]
         if want:
             meta.setdefault("annotations", {})[APPLIED_ANNOTATION] = _hash(want)
-        if current is UNREAD:
+        if not isinstance(current, dict | None):  # UNREAD
             current = await self.get(obj["kind"], meta["namespace"], meta["name"])
         if current is None:
             try:

@@ -109,7 +109,7 @@ class Elector:
 
     def _create(self, started: float, timeout: float | tuple[float, float]) -> bool:
         now = _now()
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
             "metadata": {"name": self.name, "namespace": self.namespace},
@@ -122,7 +122,9 @@ class Elector:
             },
         }
         return self._write(
-            started, lambda: self.api.create_namespaced_lease(self.namespace, body, _request_timeout=timeout)
+            started,
+            # the client sends a dict body as the JSON it is, as it does for a V1Lease's to_dict()
+            lambda: self.api.create_namespaced_lease(self.namespace, body, _request_timeout=timeout),  # type: ignore[arg-type]
         )
 
     def _write(self, started: float, call: Callable[[], Any]) -> bool:

@@ -139,7 +139,7 @@ PRESETS: dict[str, ModelShape] = {
         local_per_global=4,
         k_eq_v_global=False,
     ),
-    # The test model built by gemma_workloads.tiny (2 layers: one sliding, one global).
+    # The test model built by gemma_devcluster.tiny (2 layers: one sliding, one global).
     "tiny": ModelShape(
         "tiny",
         0.3e6,

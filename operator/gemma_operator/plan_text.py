@@ -185,7 +185,7 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
         else "cpu (no TPU)"
     )
     hbm = _fit_text(d["hbmPerChip"], "not checked (no TPU or unknown model size)")
-    if d["kind"] == "GemmaServe":
+    if isinstance(p, ServePlan):
         lines = [
             f"GemmaServe {d['name']} (namespace {d['namespace']})",
             f"  slice:         {where}",
@@ -197,7 +197,7 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
             *([f"  rollout gate:  {rollout_gate.describe(p.spec.rollout.gate)}"] if p.spec.model.fine_tune_ref else []),
             f"  compile cache: {d['compileCache'] or 'none (every restart compiles again)'}",
             *([f"  download:      {_staging_text(d['download'])}"] if d["download"] else []),
-            *_serving_cost_text(d["cost"], p.cost and p.cost.price),
+            *_serving_cost_text(d["cost"], p.cost.price if p.cost else None),
             *_warnings_text(d["warnings"]),
         ]
         return "\n".join(lines)

@@ -19,12 +19,13 @@ import datetime
 import re
 from dataclasses import dataclass
 
+from gemma_operator import reasons
 from gemma_operator.clock import parse_time
 
-FAILED_CREATE = "FailedCreate"  # the controllers' Event and condition reason
-CONDITION = "PodsCreated"  # False while the workload's pods are refused; True once they exist again
-REFUSED = "PodCreationFailed"  # its reason while False, and the reason of the CR's Warning Event
-CREATED = "PodsCreated"  # its reason once pods exist again
+FAILED_CREATE = reasons.FAILED_CREATE  # the controllers' Event and condition reason
+CONDITION = reasons.PODS_CREATED  # False while the workload's pods are refused; True once they exist again
+REFUSED = reasons.POD_CREATION_FAILED  # its reason while False, and the reason of the CR's Warning Event
+CREATED = reasons.PODS_CREATED  # its reason once pods exist again
 # The kinds whose controllers create the pods of each workload kind (LeaderWorkerSet: its StatefulSets).
 _NEVER = datetime.datetime.min.replace(tzinfo=datetime.UTC)
 POD_OWNERS = {"Job": ("Job",), "JobSet": ("Job",), "LeaderWorkerSet": ("StatefulSet",)}
@@ -101,7 +102,7 @@ def may_be_refused(workload: dict | None, pods: list[dict]) -> bool:
     """Whether refusals are worth reading: an unfinished workload with fewer live pods than it runs."""
     if workload is None or workload["kind"] == "Deployment":  # a Deployment says it in its own status
         return False
-    done = ("Complete", "Completed", "Failed", "Suspended")
+    done = (reasons.JOB_COMPLETE, reasons.JOBSET_COMPLETED, reasons.JOB_FAILED, reasons.JOB_SUSPENDED)
     if any(
         c.get("type") in done and c.get("status") == "True"
         for c in (workload.get("status") or {}).get("conditions") or []
@@ -109,7 +110,7 @@ def may_be_refused(workload: dict | None, pods: list[dict]) -> bool:
         return False
     if (workload.get("spec") or {}).get("suspend"):
         return False
-    live = [p for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+    live = [p for p in pods if (p.get("status") or {}).get("phase") not in (reasons.POD_SUCCEEDED, reasons.POD_FAILED)]
     return len(live) < expected_pods(workload)
 
 
@@ -144,7 +145,11 @@ def refusal(workload: dict | None, pods: list[dict], events: list[dict]) -> Refu
         return None
     if workload["kind"] == "Deployment":
         for c in (workload.get("status") or {}).get("conditions") or []:
-            if c.get("type") == "ReplicaFailure" and c.get("status") == "True" and c.get("reason") == FAILED_CREATE:
+            if (
+                c.get("type") == reasons.DEPLOYMENT_REPLICA_FAILURE
+                and c.get("status") == "True"
+                and c.get("reason") == FAILED_CREATE
+            ):
                 message = c.get("message") or ""
                 return Refusal("Deployment", workload["metadata"]["name"], message, hint(message))
         return None

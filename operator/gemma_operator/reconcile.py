@@ -15,20 +15,21 @@ import collections
 import copy
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
 
-from gemma_operator import addons, api, failure_policy, pod_creation, prometheus_metrics, retries
-from gemma_operator.children import common, merge, serving, training
+from gemma_operator import addons, api, failure_policy, pod_creation, prometheus_metrics, reasons, retries
+from gemma_operator.children import common, serving, training
 from gemma_operator.clock import now
 from gemma_operator.kinds import KINDS, where
 from gemma_operator.kube import UNREAD, ApiError, Kube, status_patch
 from gemma_operator.lifecycle import finetune as finetune_lifecycle
 from gemma_operator.lifecycle import serve as serve_lifecycle
 from gemma_operator.lifecycle.common import Decision
-from gemma_operator.plan import SpecError, plan_finetune, plan_serve
+from gemma_operator.plan import ServePlan, SpecError, plan_finetune, plan_serve
+from gemma_operator.plan.served_model import ServedModel, fine_tune_plan, served_model
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import Progress
 
@@ -38,7 +39,14 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 Seen = dict[tuple[str, str], dict | None]  # children read in this reconcile by (kind, name); None: absent
-ACTIVE = ("Pending", "Training", "Merging", "Suspended", "WaitingForModel", "Deploying")
+ACTIVE = (
+    reasons.PENDING,
+    reasons.TRAINING,
+    reasons.MERGING,
+    reasons.SUSPENDED,
+    reasons.WAITING_FOR_MODEL,
+    reasons.DEPLOYING,
+)
 
 
 class Controller:
@@ -84,7 +92,13 @@ class Controller:
         self.tracker.forget(kind, namespace, name)
 
     async def reconcile(
-        self, kind: str, namespace: str, name: str, body: dict | None = None, *, watched: dict | None = None
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        body: dict | None = None,
+        *,
+        watched: Mapping[str, Any] | None = None,
     ) -> None:
         """Reconcile one CR; a failure is logged with the CR it concerns and retried after a back-off.
         `body` is the CR as just listed, when the caller has it: it saves a read, and is used only
@@ -132,7 +146,7 @@ class Controller:
         finally:
             prometheus_metrics.RECONCILE_SECONDS.labels(kind).observe(time.perf_counter() - started)
 
-    def _is_own_write(self, key: tuple[str, str, str], body: dict) -> bool:
+    def _is_own_write(self, key: tuple[str, str, str], body: Mapping[str, Any]) -> bool:
         """Whether `body` is the CR as this operator's latest reconcile read or wrote it."""
         version = (body.get("metadata") or {}).get("resourceVersion")
         return version is not None and self._latest.get(key) == version
@@ -167,7 +181,7 @@ class Controller:
         st = decision.status
         self.tracker.observe(api.FINETUNE.kind, namespace, name, st.get("phase"))
         if view.plan:
-            held = view.plan.placement.chips if st.get("phase") == "Training" else 0
+            held = view.plan.placement.chips if st.get("phase") == reasons.TRAINING else 0
             self.tracker.chips(namespace, name, view.plan.placement.accelerator, held)
             added = float(st.get("chipHours") or 0) - float((body.get("status") or {}).get("chipHours") or 0)
             if added > 0 and st.get("run") == (body.get("status") or {}).get("run"):
@@ -180,34 +194,27 @@ class Controller:
         namespace, name = meta["namespace"], meta["name"]
         plan, problems = None, []
         try:
-            plan = plan_finetune(name, namespace, body.get("spec"), self.settings, meta.get("labels"))
+            plan = plan_finetune(name, namespace, body.get("spec") or {}, self.settings, meta.get("labels"))
         except SpecError as e:
             problems = e.problems
         view = finetune_lifecycle.FineTuneView(**_observed(body, api.FINETUNE), plan=plan, problems=problems)
         if plan is None:
             return view
-        kind = "JobSet" if plan.multi_host else "Job"
-        same_run = status.get("run") == plan.run
-        attempt = int(status.get("attempt") or 1) if same_run else 1
-        wl_name, _ = training.names(plan, attempt)
-        trained = same_run and status.get("phase") in ("Merging", "Succeeded")
-        if not trained and plan.multi_host:
+        want = finetune_lifecycle.reads(status, plan)
+        if want.training and want.kind == "JobSet":
             view.missing = await self.addons.missing({"JobSet": True})
-        if not trained:  # once trained, the lifecycle reads the merge, not the training workload
-            view.training = seen[(kind, wl_name)] = await self.kube.get(kind, namespace, wl_name)
-            if view.training is not None:
-                view.training_pods = await self._pods(kind, namespace, wl_name)
-                if failure_policy.outcome(view.training).state == "Running":
-                    view.progress = await self._progress(view.training_pods)
-            view.refusal = await self._refusal(view.training, view.training_pods)
+        workload = seen[(want.kind, want.name)] = await self.kube.get(want.kind, namespace, want.name)
+        pods = await self._pods(want.kind, namespace, want.name) if workload is not None else []
+        if want.training:
+            view.training, view.training_pods = workload, pods
+            if workload is not None and failure_policy.outcome(workload).state == reasons.RUNNING:
+                view.progress = await self._progress(pods)
         else:
-            view.merge = seen[("Job", merge.name(plan))] = await self.kube.get("Job", namespace, merge.name(plan))
-            if view.merge is not None:
-                view.merge_pods = await self._pods("Job", namespace, merge.name(plan))
-            view.refusal = await self._refusal(view.merge, view.merge_pods)
-        if status.get("run") and not same_run:
+            view.merge, view.merge_pods = workload, pods
+        view.refusal = await self._refusal(workload, pods)
+        if want.earlier_runs:
             selector = f"{common.FINETUNE_LABEL}={common.label_value(name)},{common.RUN_LABEL}!={plan.run}"
-            for stale_kind in ("Job", "JobSet"):
+            for stale_kind in finetune_lifecycle.STALE_KINDS:
                 view.stale += [
                     {**w, "kind": stale_kind} for w in await self._list_or_empty(stale_kind, namespace, selector)
                 ]
@@ -229,7 +236,7 @@ class Controller:
         """Why the API server refuses the workload's pods: the FailedCreate Events of its namespace
         are read only while it has fewer pods than it runs."""
         events = []
-        if pod_creation.may_be_refused(workload, pods):
+        if workload is not None and pod_creation.may_be_refused(workload, pods):
             events = await self._failed_create_events(workload["metadata"]["namespace"])
         return pod_creation.refusal(workload, pods, events)
 
@@ -242,7 +249,7 @@ class Controller:
 
     async def _progress(self, pods: list[dict]) -> Progress | None:
         """The latest progress line of the coordinating (index 0) training pod's log."""
-        running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+        running = [p for p in pods if (p.get("status") or {}).get("phase") == reasons.POD_RUNNING]
         running.sort(
             key=lambda p: (
                 p["metadata"].get("labels", {}).get(COMPLETION_INDEX_LABEL, "0") != "0",
@@ -258,48 +265,21 @@ class Controller:
 
     async def _reconcile_serve(self, body: dict) -> str | None:
         """Reconcile one GemmaServe; the resourceVersion of its status write, if it made one."""
-        meta, status, spec = body["metadata"], body.get("status") or {}, body.get("spec") or {}
+        meta, spec = body["metadata"], body.get("spec") or {}
         namespace, name = meta["namespace"], meta["name"]
         ref = _fine_tune_ref(spec)
         fine_tune = await self.kube.get(api.FINETUNE.kind, namespace, ref) if ref else None
-        model_uri = serve_lifecycle.resolve_model(ref, fine_tune, status, spec)
-        ft_preset = ((fine_tune or {}).get("spec") or {}).get("model", {}).get("preset") or (fine_tune or {}).get(
-            "status", {}
-        ).get("model")
-        plan, problems = None, []
-        try:
-            plan = plan_serve(
-                name,
-                namespace,
-                spec,
-                self.settings,
-                model_uri=model_uri,
-                fine_tune_preset=ft_preset,
-                labels=meta.get("labels"),
-            )
-        except SpecError as e:
-            problems = e.problems
+        plan, problems = serve_plan(body, ref, fine_tune, self.settings)
         seen: Seen = {}
         view = serve_lifecycle.ServeView(
             **_observed(body, api.SERVE), plan=plan, problems=problems, fine_tune_name=ref, fine_tune=fine_tune
         )
-        if plan is not None and plan.model_uri:
-            m = plan.spec.metrics
-            view.missing = await self.addons.missing(
-                {
-                    kind: blocking
-                    for kind, blocking, needed in (
-                        ("LeaderWorkerSet", True, plan.multi_host),
-                        ("PodMonitor", False, m.pod_monitor),
-                        ("PodMonitoring", False, m.pod_monitoring),
-                    )
-                    if needed
-                }
-            )
-            wanted = "LeaderWorkerSet" if plan.multi_host else "Deployment"
+        want = serve_lifecycle.reads(plan) if plan is not None else None
+        if plan is not None and want is not None:
+            view.missing = await self.addons.missing(want.addons)
             for kind in where(serving=True):
-                obj = seen[(kind, serving.name(plan))] = await self.kube.get(kind, namespace, serving.name(plan))
-                if obj is not None and kind == wanted:
+                obj = seen[(kind, want.name)] = await self.kube.get(kind, namespace, want.name)
+                if obj is not None and kind == want.workload_kind:
                     view.workload = obj
                 elif obj is not None:
                     view.extras.append(obj)
@@ -329,7 +309,7 @@ class Controller:
             current = seen.get((obj["kind"], obj["metadata"]["name"]), UNREAD)
             if current is UNREAD:  # not read in this reconcile: as its watch last delivered it, if it did
                 current = self.watched_children.get(obj["kind"], namespace, obj["metadata"]["name"])
-            await self.kube.ensure(obj, KINDS[obj["kind"]].mutable, current)
+            await self.kube.ensure(obj, KINDS[obj["kind"]].mutable or (), current)
         for kind, name, patch in d.patch:  # against the object as observed: a concurrent change answers 409
             observed = (seen.get((kind, name)) or {}).get("metadata", {}).get("resourceVersion")
             if observed:
@@ -367,7 +347,8 @@ class Controller:
 
     async def _poll_once(self) -> None:
         for kind in (api.FINETUNE.kind, api.SERVE.kind):
-            for namespace in self.namespaces or [None]:
+            namespaces: list[str | None] = list(self.namespaces) if self.namespaces else [None]  # None: all
+            for namespace in namespaces:
                 for obj in await self.kube.list(kind, namespace):
                     st, meta = obj.get("status") or {}, obj["metadata"]
                     if st.get("phase") in ACTIVE or st.get("observedGeneration") != meta.get("generation"):
@@ -382,7 +363,7 @@ class WatchedChildren:
     def __init__(self) -> None:
         self._objects: dict[tuple[str, str, str], dict] = {}
 
-    def saw(self, event: str, body: dict) -> None:
+    def saw(self, event: str, body: Mapping[str, Any]) -> None:
         meta = body["metadata"]
         key = (body["kind"], meta["namespace"], meta["name"])
         if event == "DELETED":
@@ -422,7 +403,32 @@ class Outage:
         self.failures = 0
 
 
-def owner_of(body: dict) -> tuple[str, str] | None:
+def serve_plan(
+    body: dict, ref: str | None, fine_tune: dict | None, settings: OperatorSettings
+) -> tuple[ServePlan | None, list[str]]:
+    """(plan, problems) of a GemmaServe as read, serving what its fineTuneRef resolves to now."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    source = ServedModel(None, None, None)
+    if ref:
+        observed = fine_tune or {}
+        plan = fine_tune_plan(fine_tune, settings) if fine_tune else None
+        source = served_model(spec, plan, observed, (body.get("status") or {}).get("modelUri"))
+    try:
+        labels = meta.get("labels")
+        return plan_serve(
+            meta["name"],
+            meta["namespace"],
+            spec,
+            settings,
+            model_uri=source.uri,
+            fine_tune_preset=source.preset,
+            labels=labels,
+        ), []
+    except SpecError as e:
+        return None, e.problems
+
+
+def owner_of(body: Mapping[str, Any]) -> tuple[str, str] | None:
     """(kind, name) of the CR controlling a child, from its ownerReferences."""
     for ref in body["metadata"].get("ownerReferences") or []:
         if ref.get("controller") and ref.get("apiVersion") == api.API_VERSION and ref.get("kind") in api.KINDS:
@@ -430,16 +436,16 @@ def owner_of(body: dict) -> tuple[str, str] | None:
     return None
 
 
-def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
+def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:  # noqa: C901  each handler it declares counts as its own branches
     """Declare the handlers on a registry (one per operator, so tests get fresh ones)."""
     managed = {"app.kubernetes.io/managed-by": common.MANAGED_BY}
 
-    @kopf.index(api.GROUP, api.VERSION, api.SERVE.plural, id="serves_by_fine_tune", registry=registry)
+    @kopf.index(api.GROUP, api.VERSION, api.SERVE.plural, id="serves_by_fine_tune", registry=registry)  # type: ignore[arg-type]  # kopf's protocol allows a None namespace (cluster-scoped kinds; ours are namespaced)
     def serves_by_fine_tune(spec: kopf.Spec, name: str, namespace: str, **_: Any) -> dict | None:
         ref = _fine_tune_ref(spec)
         return {(namespace, ref): name} if ref else None
 
-    @kopf.on.event(api.GROUP, api.VERSION, api.FINETUNE.plural, registry=registry)
+    @kopf.on.event(api.GROUP, api.VERSION, api.FINETUNE.plural, registry=registry)  # type: ignore[arg-type]  # kopf's protocol allows a None namespace (cluster-scoped kinds; ours are namespaced)
     async def fine_tune_event(
         type: str, body: kopf.Body, name: str, namespace: str, serves_by_fine_tune: kopf.Index, **_: Any
     ) -> None:
@@ -450,7 +456,7 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
         for serve in serves_by_fine_tune.get((namespace, name), []):
             await controller.reconcile(api.SERVE.kind, namespace, serve)
 
-    @kopf.on.event(api.GROUP, api.VERSION, api.SERVE.plural, registry=registry)
+    @kopf.on.event(api.GROUP, api.VERSION, api.SERVE.plural, registry=registry)  # type: ignore[arg-type]  # kopf's protocol allows a None namespace (cluster-scoped kinds; ours are namespaced)
     async def serve_event(type: str, body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
         if type == "DELETED":
             controller.forget(api.SERVE.kind, namespace, name)
@@ -467,7 +473,7 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:
         group, _, version = KINDS[kind].api_version.rpartition("/")
         kopf.on.event(
             group, version, KINDS[kind].plural, labels=managed, id=f"child-{KINDS[kind].plural}", registry=registry
-        )(child_event)
+        )(child_event)  # type: ignore[arg-type]  # kopf's protocol allows a None namespace (cluster-scoped kinds; ours are namespaced)
 
     @kopf.on.startup(registry=registry)
     async def start_poller(memo: kopf.Memo, **_: Any) -> None:
@@ -497,6 +503,6 @@ def _observed(body: dict, kind: api.Kind) -> dict[str, Any]:
     )
 
 
-def _fine_tune_ref(spec: dict) -> str | None:
+def _fine_tune_ref(spec: Mapping[str, Any]) -> str | None:
     """The GemmaFineTune a GemmaServe spec serves, if any."""
     return ((spec.get("model") or {}).get("fineTuneRef") or {}).get("name")

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gemma_operator import api, evaluation
+from gemma_operator import api, evaluation, reasons
 from gemma_workloads.config import LOWER_IS_BETTER
 
 Compare = Callable[[float, float], bool]
@@ -56,37 +56,41 @@ def check(gate: list[api.GateCondition], run: dict[str, Any]) -> Verdict:
     """Does one run pass every condition of the gate? The first failure names the metric and both values."""
     rid = run.get("run", "?")
     if not gate:
-        return Verdict(True, "Passed", f"run {rid}: no gate")
+        return Verdict(True, reasons.PASSED, f"run {rid}: no gate")
     if run.get("evaluation") is None:
-        return Verdict(False, "NotEvaluated", f"run {rid} has no evaluation (set spec.evaluation on the GemmaFineTune)")
+        return Verdict(
+            False, reasons.NOT_EVALUATED, f"run {rid} has no evaluation (set spec.evaluation on the GemmaFineTune)"
+        )
     figures = {m["name"]: m for m in run["evaluation"]}
     for g in gate:
         m = figures.get(g.metric)
         if m is None:
             had = ", ".join(figures) or "no figures"
-            return Verdict(False, "MetricMissing", f"run {rid} did not produce {g.metric} (it reported {had})")
+            return Verdict(False, reasons.METRIC_MISSING, f"run {rid} did not produce {g.metric} (it reported {had})")
         value = m["value"]
         for bound, (passes, fails) in BOUNDS.items():
             threshold = getattr(g, bound)
             if threshold is not None and not passes(value, threshold):
-                return Verdict(False, "MetricFailed", f"run {rid}: {g.metric} {value:.4g} {fails} {threshold:.4g}")
+                return Verdict(
+                    False, reasons.METRIC_FAILED, f"run {rid}: {g.metric} {value:.4g} {fails} {threshold:.4g}"
+                )
         if g.baseline is not None:
             base = m.get("baseline")
             if base is None:
                 return Verdict(
                     False,
-                    "MetricMissing",
+                    reasons.METRIC_MISSING,
                     f"run {rid}: {g.metric} has no base model figure "
                     "(set spec.evaluation.baseline on the GemmaFineTune)",
                 )
             if not BASELINE[(g.metric in LOWER_IS_BETTER, g.baseline)](value, base):
                 return Verdict(
                     False,
-                    "MetricFailed",
+                    reasons.METRIC_FAILED,
                     f"run {rid}: {g.metric} {value:.4g} {BASELINE_WORDS[g.baseline]} the base model's {base:.4g}",
                 )
     passed = ", ".join(evaluation.summary([figures[g.metric]]) or g.metric for g in gate)
-    return Verdict(True, "Passed", f"run {rid} passes the gate: {passed}")
+    return Verdict(True, reasons.PASSED, f"run {rid} passes the gate: {passed}")
 
 
 class Action(enum.Enum):

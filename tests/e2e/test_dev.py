@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 import yaml
 
-from gemma_devcluster import dev
+from gemma_devcluster import dev, tiny
 from gemma_devcluster.kinds import LOCAL_KINDS
 from gemma_operator.kube import Kube
-from gemma_workloads import tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = os.environ.get("GEMMA_VLLM_PYTHON")

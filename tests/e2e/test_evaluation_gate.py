@@ -16,6 +16,7 @@ from pathlib import Path
 import kmock
 import pytest
 
+from gemma_devcluster import tiny
 from gemma_devcluster.agent import NodeAgent
 from gemma_devcluster.apiserver import ApiServer
 from gemma_devcluster.kinds import LOCAL_KINDS
@@ -24,7 +25,6 @@ from gemma_operator import runner
 from gemma_operator.children import serving
 from gemma_operator.kube import Kube
 from gemma_operator.settings import OperatorSettings
-from gemma_workloads import tiny
 from tests.support.cluster import Cluster
 
 pytestmark = pytest.mark.slow

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import pytest
 
+from gemma_devcluster import tiny
 from gemma_operator import fit
 from gemma_operator.model_shapes import ModelShape
-from gemma_workloads import tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE_TOLERANCE = 0.02

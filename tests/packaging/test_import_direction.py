@@ -62,6 +62,7 @@ API_MAY_IMPORT = {
     "gemma_operator.vllm_flags",
     "gemma_operator.tpu",
     "gemma_operator.model_shapes",
+    "gemma_operator.reasons",
 }
 
 

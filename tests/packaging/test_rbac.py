@@ -1,6 +1,6 @@
 """The chart's roles against the requests the real operator makes in the integration scenarios.
 
-Every operator integration test (tests/operator/test_operator_*.py) is run again against a fresh
+Every operator integration test (tests/operator/integration/test_operator_*.py) is run again against a fresh
 in-process API server, which records each request with its User-Agent: the operator's own client
 and kopf's are told apart from the tests' client. Both directions are checked: every request is
 granted, and every permission granted is used.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import tests.operator
+import tests.operator.integration
 from gemma_devcluster.apiserver import Call
 from gemma_operator import rbac
 from tests.support.chart import grants, objects, one, role_grants
@@ -32,9 +32,9 @@ WATCHED = ["default", "lab"]
 def scenarios(*names: str) -> list:
     """The operator integration tests, as coroutines taking fixtures by name."""
     found = []
-    for mod in pkgutil.iter_modules(tests.operator.__path__):
+    for mod in pkgutil.iter_modules(tests.operator.integration.__path__):
         if mod.name.startswith("test_operator_"):
-            module = importlib.import_module(f"tests.operator.{mod.name}")
+            module = importlib.import_module(f"tests.operator.integration.{mod.name}")
             found += [f for n, f in vars(module).items() if n.startswith("test_") and inspect.iscoroutinefunction(f)]
     return [f for f in found if not names or f.__name__ in names]
 

@@ -8,7 +8,8 @@ is documented, wherever it is written and however it is named:
   (`MERGED` or `reasons.MERGED`);
 - the reason of an Event tuple `("Normal" | "Warning", reason, message)`;
 - the reason of a `(reason, message)` pair returned by a function annotated `-> tuple[str, str]`;
-- the reason of the kstatus conditions (`("Ready" | "Reconciling" | "Stalled", value, reason, message)`);
+- the reason of the kstatus conditions (`("Ready" | "Reconciling" | "Stalled", value, reason, message)`,
+  the type written out or as a constant);
 - every phase, which is the reason of the phase-change Events and of the kstatus conditions.
 """
 
@@ -93,7 +94,7 @@ def _reasons_in(function: ast.AST, positions: dict[str, int], constants: dict[st
             for arg in args:
                 found |= _strings(arg, assigned)
         elif isinstance(node, ast.Tuple) and node.elts:
-            head = _strings(node.elts[0], {})
+            head = _strings(node.elts[0], constants)  # a literal or a named constant (reasons.READY)
             if len(node.elts) == 3 and head and head <= SEVERITIES:
                 found |= _strings(node.elts[1], assigned)
             elif len(node.elts) == 4 and head and head <= KSTATUS:

@@ -9,10 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from gemma_devcluster import local_vllm
+from gemma_devcluster import local_vllm, tiny
 from gemma_operator.api import SecretKeyRef
 from gemma_operator.children.vllm import VllmLaunch
-from gemma_workloads import tiny
 from gemma_workloads.config import MergeConfig
 from gemma_workloads.merging import merger as merge
 

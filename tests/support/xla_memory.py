@@ -24,7 +24,7 @@ from benchmarks.train_step import random_model, synthetic_rows
 from flax import nnx
 from tunix.sft import sharding_utils
 
-from gemma_workloads import tiny
+from gemma_devcluster import tiny
 from gemma_workloads.config import LORA_MODULES, DatasetConfig, LoraConfig, MeshConfig, TrainConfig
 from gemma_workloads.training import batches, lora, mesh, remat
 from gemma_workloads.training import model_loader as model

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from gemma_workloads import tiny
+from gemma_devcluster import tiny
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gemma_workloads import tiny
+from gemma_devcluster import tiny
 from gemma_workloads.config import DatasetConfig
 from gemma_workloads.data import DataError, TextCodec, read_examples
 from gemma_workloads.training import batches

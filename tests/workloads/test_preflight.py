@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma_workloads import tiny
+from gemma_devcluster import tiny
 from gemma_workloads.config import EXIT_INVALID_INPUT
 
 SHARD = "model-0000{}-of-00003.safetensors"

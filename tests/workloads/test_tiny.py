@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gemma_workloads import tiny
+from gemma_devcluster import tiny
 
 
 @pytest.fixture(scope="module")

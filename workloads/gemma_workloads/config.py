@@ -153,7 +153,7 @@ class TrainConfig(_Config):
     model_path: str
     model_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     dataset: DatasetConfig
-    lora: LoraConfig = Field(default_factory=LoraConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)  # type: ignore[arg-type]  # its fields' defaults are in their Annotated Field, which the checker does not read
     steps: Annotated[int | None, Field(ge=1)] = None
     epochs: Annotated[int | None, Field(ge=1)] = None
     batch_size: Annotated[int, Field(ge=1)] = 8
@@ -364,9 +364,10 @@ class MergeResult(BaseModel):
 def write_termination_message(result: BaseModel, path: str = TERMINATION_LOG) -> None:
     """Write a result where Kubernetes picks it up, trimmed to the 4 KiB it keeps."""
     text = result.model_dump_json(exclude_none=True)
-    if len(text.encode()) > TERMINATION_LOG_LIMIT and getattr(result, "error", None):
+    error = getattr(result, "error", None)
+    if len(text.encode()) > TERMINATION_LOG_LIMIT and error:
         overflow = len(text.encode()) - TERMINATION_LOG_LIMIT + 16
-        result = result.model_copy(update={"error": result.error[: max(0, len(result.error) - overflow)] + "…"})
+        result = result.model_copy(update={"error": error[: max(0, len(error) - overflow)] + "…"})
         text = result.model_dump_json(exclude_none=True)
     with contextlib.suppress(OSError):  # not in a pod (or no such path): the result is also logged by the caller
         Path(path).write_text(text)

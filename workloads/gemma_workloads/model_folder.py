@@ -78,7 +78,7 @@ def check_config(root: epath.Path) -> dict:
         value = text.get(name)
         if value is None:
             raise InputError(f"{path}: field {prefix}{name} is missing; a Gemma 4 config.json has it")
-        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 1):
+        if not isinstance(value, kind) or isinstance(value, bool) or (isinstance(value, int) and value < 1):
             raise InputError(f"{path}: field {prefix}{name} is {value!r}; expected a positive {kind.__name__}")
     layers = text["layer_types"]
     if unknown := sorted({str(t) for t in layers} - set(LAYER_TYPES)):

@@ -51,6 +51,8 @@ def check_evaluation(config: TrainConfig) -> None:
     """Where the rows come from, room for the answers, and each row of an eval file (and each
     `expected_regex`, in the eval file or in the dataset whose held-out rows are scored)."""
     ev, dataset = config.evaluation, config.dataset
+    if ev is None:  # nothing to check
+        return
     if ev.path is None and not dataset.eval_fraction:
         raise InputError(
             "evaluation: no rows to score: set evaluation.path (an eval JSONL in the dataset's format) "

@@ -170,7 +170,7 @@ def open_checkpoint(path: str) -> BaseCheckpoint:
                 f"{len(needed) - 1} more): copy the whole folder again"
             )
         tensors += read_header(str(root / name))
-    where = {}
+    where: dict[str, str] = {}
     for t in tensors:
         if t.name in where:
             raise CheckpointError(f"{path}: tensor {t.name} is in both {where[t.name]} and {Path(t.file).name}")

@@ -8,9 +8,10 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from gemma_operator import api
+from gemma_operator import api, reasons
 from gemma_operator.children import common
 from gemma_operator.children.model_delivery import fuse_volume, split_gcs, writable_options
+from gemma_operator.model_uri import HF_SCHEME, ModelUri
 from gemma_operator.mounts import CONFIG_DIR, MERGE_CONFIG_FILE, fuse_path
 from gemma_operator.plan import FineTunePlan
 from gemma_operator.settings import OperatorSettings
@@ -59,6 +60,19 @@ def _output_mount(plan: FineTunePlan, settings: OperatorSettings) -> tuple[list[
     return [volume], [mount], annotations
 
 
+def _failure_policy() -> dict[str, Any]:
+    """A node's disruption (eviction, preemption) is not the merge's failure; its exit code for bad input ends the Job."""
+    return {
+        "rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": reasons.POD_DISRUPTION_TARGET, "status": "True"}]},
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_INVALID_INPUT]},
+            },
+        ]
+    }
+
+
 def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> dict[str, Any]:
     job_name = name(plan)
     cfg_volume, cfg_mount = common.config_volume(job_name)
@@ -68,7 +82,7 @@ def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> d
     # An hf:// base is downloaded before it is read, onto a disk sized for it; gs:// is read in place.
     # The merge runs on CPU nodes, not on the slice: the general staging StorageClass applies.
     staged = None
-    if plan.host and plan.merge.base_model_path.startswith("hf://"):
+    if plan.host and ModelUri.parse(plan.merge.base_model_path).scheme == HF_SCHEME:
         staged = replace(plan.host, storage_class=settings.training_host.staging_storage_class)
     staging_volumes, staging_mounts = common.staging_volume(staged, _labels(plan))
     env = common.env_list(staged.env if staged else {})
@@ -107,15 +121,7 @@ def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> d
         "spec": {
             # The merge resumes where it stopped, so a retry is cheap; bad input is not retried.
             "backoffLimit": 2,
-            "podFailurePolicy": {
-                "rules": [
-                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                    {
-                        "action": "FailJob",
-                        "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_INVALID_INPUT]},
-                    },
-                ]
-            },
+            "podFailurePolicy": _failure_policy(),
             "template": {
                 "metadata": {"labels": _labels(plan), **({"annotations": annotations} if annotations else {})},
                 "spec": pod_spec,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gemma_operator.model_uri import GCS_SCHEME, HF_SCHEME, ModelUri
 from gemma_operator.mounts import MODEL_MOUNT, XLA_CACHE_MOUNT
 from gemma_operator.plan import ServePlan, digest
 
@@ -95,9 +96,10 @@ def compile_cache_key(plan: ServePlan) -> str:
 def delivery(plan: ServePlan) -> Delivery:
     uri = plan.model_uri or ""
     g = plan.spec.gcs_fuse
-    if uri.startswith("hf://"):
-        out = Delivery(uri.removeprefix("hf://"))
-    elif uri.startswith("gs://"):
+    source = ModelUri.parse(uri)
+    if source.scheme == HF_SCHEME:
+        out = Delivery(source.location)
+    elif source.scheme == GCS_SCHEME:
         attributes = {
             "fileCacheCapacity": g.file_cache_capacity,
             "fileCacheForRangeRead": "true",

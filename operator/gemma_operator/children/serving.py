@@ -14,7 +14,7 @@ from typing import Any
 
 from gemma_operator import api, tpu
 from gemma_operator.children import common
-from gemma_operator.children.model_delivery import delivery
+from gemma_operator.children.model_delivery import Delivery, delivery
 from gemma_operator.children.vllm import API_KEY_ENV, VllmLaunch, vllm_container
 from gemma_operator.mounts import CACHE_DIR, TMP_DIR
 from gemma_operator.plan import ServePlan
@@ -133,21 +133,13 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
     """The pod template of a server (role "server" or "leader") or of a multi-host "worker"."""
     model = delivery(plan)
     command, args, env = vllm_container(launch(plan, model.model_arg))
-    keyed = plan.spec.vllm.api_key_secret_ref is not None
     shm, shm_mount = common.shm_volume()
     store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
     staging_volumes, staging_mounts = common.staging_volume(plan.staging, resource_labels(plan))
-    env += model.env
-    if plan.multi_host:
-        env += common.env_list(MULTIHOST_ENV)
-    caches = {"HOME": CACHE_DIR, "XDG_CACHE_HOME": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/huggingface"}
-    env += common.env_list({**caches, **(plan.staging.env if plan.staging else {})})
-    if plan.spec.model.hf_token_secret_ref:
-        env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": plan.image,
-        "env": env,
+        "env": env + _env(plan, model),
         "resources": _resources(plan, settings),
         "volumeMounts": [
             *model.mounts,
@@ -159,37 +151,9 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
         ],
         "securityContext": {**common.RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True},
     }
-    script, wait = settings.images.serving_tpu_ray_script, f"--ray_init_timeout={plan.startup_seconds}"
     if plan.multi_host:
         container["terminationMessagePolicy"] = "FallbackToLogsOnError"
-    if role == "worker":
-        container["command"] = ray_command(script, f"worker --ray_address=$(LWS_LEADER_ADDRESS) {wait}")
-    else:
-        if role == "leader":
-            role_args = f"leader --ray_cluster_size=$(LWS_GROUP_SIZE) {wait}"
-            container["command"] = ray_command(script, role_args, command + args)
-        else:
-            container["command"], container["args"] = command, args
-        budget = plan.startup_seconds
-        container["ports"] = [{"containerPort": PORT, "name": "http"}]
-        container["startupProbe"] = {
-            **_probe("/v1/models", keyed),
-            "periodSeconds": 10,
-            "failureThreshold": budget // 10,
-            "timeoutSeconds": 5,
-        }
-        container["readinessProbe"] = {
-            **_probe("/v1/models", keyed),
-            "periodSeconds": 10,
-            "failureThreshold": 3,
-            "timeoutSeconds": 5,
-        }
-        container["livenessProbe"] = {
-            **_probe("/health", keyed),
-            "periodSeconds": 30,
-            "failureThreshold": 5,
-            "timeoutSeconds": 5,
-        }
+    container.update(_role(plan, settings, role, command, args))
     volumes = [
         *model.volumes,
         shm,
@@ -208,6 +172,48 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
         plan.placement,
         plan.service_account,
     )
+    return {"metadata": _pod_metadata(plan, model, role), "spec": spec}
+
+
+def _env(plan: ServePlan, model: Delivery) -> list[dict[str, Any]]:
+    """The model's delivery, the multi-host runtime, the caches and staging, and the Hugging Face token."""
+    env = list(model.env)
+    if plan.multi_host:
+        env += common.env_list(MULTIHOST_ENV)
+    caches = {"HOME": CACHE_DIR, "XDG_CACHE_HOME": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/huggingface"}
+    env += common.env_list({**caches, **(plan.staging.env if plan.staging else {})})
+    if plan.spec.model.hf_token_secret_ref:
+        env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
+    return env
+
+
+def _role(
+    plan: ServePlan, settings: OperatorSettings, role: str, command: list[str], args: list[str]
+) -> dict[str, Any]:
+    """The container's command by role; the server and the leader also serve, so they get the port and probes."""
+    script, wait = settings.images.serving_tpu_ray_script, f"--ray_init_timeout={plan.startup_seconds}"
+    if role == "worker":
+        return {"command": ray_command(script, f"worker --ray_address=$(LWS_LEADER_ADDRESS) {wait}")}
+    if role == "leader":
+        out = {"command": ray_command(script, f"leader --ray_cluster_size=$(LWS_GROUP_SIZE) {wait}", command + args)}
+    else:
+        out = {"command": command, "args": args}
+    keyed = plan.spec.vllm.api_key_secret_ref is not None
+    return {
+        **out,
+        "ports": [{"containerPort": PORT, "name": "http"}],
+        "startupProbe": _timed(_probe("/v1/models", keyed), 10, plan.startup_seconds // 10),
+        "readinessProbe": _timed(_probe("/v1/models", keyed), 10, 3),
+        "livenessProbe": _timed(_probe("/health", keyed), 30, 5),
+    }
+
+
+def _timed(probe: dict[str, Any], period: int, failures: int) -> dict[str, Any]:
+    return {**probe, "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": 5}
+
+
+def _pod_metadata(plan: ServePlan, model: Delivery, role: str) -> dict[str, Any]:
+    """Labels (the role of a multi-host pod, the queue) and annotations (the revision, the model, scraping)."""
     labels = resource_labels(plan)
     if plan.multi_host:
         labels[ROLE_LABEL] = role
@@ -218,7 +224,7 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
         annotations.update(
             {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT), "prometheus.io/path": "/metrics"}
         )
-    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
+    return {"labels": labels, "annotations": annotations}
 
 
 def workload(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict[str, Any]:

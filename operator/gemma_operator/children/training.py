@@ -52,7 +52,7 @@ def _labels(plan: FineTunePlan) -> dict[str, str]:
 
 def _resources(plan: FineTunePlan, settings: OperatorSettings) -> dict[str, Any]:
     r = settings.resources
-    if plan.placement.slice is None:
+    if plan.placement.slice is None or plan.host is None:  # the cpu profile: no host plan
         amounts = {"cpu": r.cpu_profile_cpu, "memory": r.cpu_profile_memory}
         return {"requests": amounts, "limits": {"memory": r.cpu_profile_memory}}
     chips = str(plan.placement.chips_per_host)

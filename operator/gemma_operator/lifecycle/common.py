@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gemma_operator import pod_creation
+from gemma_operator import pod_creation, reasons
 from gemma_operator.addons import Missing
 from gemma_operator.conditions import condition, set_condition
 from gemma_operator.health import kstatus_conditions
@@ -49,13 +49,20 @@ def _held_by_missing_addons(view: ResourceView, st: dict, d: Decision) -> bool:
     """The DependencyMissing condition, with a Warning Event when it appears or changes; True when
     an add-on the resource cannot do without is missing (it then waits, Pending, creating nothing)."""
     text = "; ".join(m.message for m in view.missing)
-    before = condition(st.get("conditions"), "DependencyMissing") or {}
+    before = condition(st.get("conditions"), reasons.DEPENDENCY_MISSING) or {}
     if text and (before.get("status") != "True" or before.get("message") != text):
-        d.events.append(("Warning", "DependencyMissing", text))
+        d.events.append(("Warning", reasons.DEPENDENCY_MISSING, text))
     if text or before:
-        set_cond(view, st, "DependencyMissing", bool(text), "DependencyMissing" if text else "Satisfied", text)
+        set_cond(
+            view,
+            st,
+            reasons.DEPENDENCY_MISSING,
+            bool(text),
+            reasons.DEPENDENCY_MISSING if text else reasons.SATISFIED,
+            text,
+        )
     if any(m.blocking for m in view.missing):
-        st.update(phase="Pending", message=text)
+        st.update(phase=reasons.PENDING, message=text)
         return True
     return False
 
@@ -64,16 +71,16 @@ def _pods_refused(view: ResourceView, st: dict, d: Decision) -> None:
     """The PodsCreated condition: False with the API server's refusal (and one Warning Event when
     it appears or changes), True again once pods exist. The phase stays: the cause may go away by
     itself (a quota freed, a ServiceAccount created), and the workload's controller keeps trying."""
-    before = condition(st.get("conditions"), pod_creation.CONDITION) or {}
+    before = condition(st.get("conditions"), reasons.PODS_CREATED) or {}
     if view.refusal is None:
         if before.get("status") == "False":
-            set_cond(view, st, pod_creation.CONDITION, True, pod_creation.CREATED, "no pod of the workload is refused")
+            set_cond(view, st, reasons.PODS_CREATED, True, reasons.PODS_CREATED, "no pod of the workload is refused")
         return
     text = view.refusal.describe()
     if before.get("status") != "False" or before.get("message") != text:
-        d.events.append(("Warning", pod_creation.REFUSED, text))
-    set_cond(view, st, pod_creation.CONDITION, False, pod_creation.REFUSED, text)
-    if st.get("phase") in ("Pending", "Deploying"):
+        d.events.append(("Warning", reasons.POD_CREATION_FAILED, text))
+    set_cond(view, st, reasons.PODS_CREATED, False, reasons.POD_CREATION_FAILED, text)
+    if st.get("phase") in (reasons.PENDING, reasons.DEPLOYING):
         st["message"] = text
 
 
@@ -89,16 +96,16 @@ def decide_with(
     st["observedGeneration"] = view.generation
     if view.problems:
         message = "; ".join(view.problems)
-        set_cond(view, st, "InvalidSpec", True, "InvalidSpec", message)
+        set_cond(view, st, reasons.INVALID_SPEC, True, reasons.INVALID_SPEC, message)
         invalid(st, message)
     else:
-        set_cond(view, st, "InvalidSpec", False, "Valid", "")
+        set_cond(view, st, reasons.INVALID_SPEC, False, reasons.VALID, "")
         if not _held_by_missing_addons(view, st, d):
             advance(d)
             _pods_refused(view, st, d)
     for type_, value, reason, message in kstatus_conditions(st):
         set_cond(view, st, type_, value, reason, message)
     if st.get("phase") != before or not before:
-        kind = "Warning" if st["phase"] == "Failed" else "Normal"
+        kind = "Warning" if st["phase"] == reasons.FAILED else "Normal"
         d.events.append((kind, st["phase"], st.get("message") or st["phase"]))
     return d

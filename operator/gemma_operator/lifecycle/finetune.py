@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from gemma_operator import evaluation, failure_policy
+from gemma_operator import evaluation, failure_policy, reasons
 from gemma_operator.children import merge, merge_objects, training, training_objects
 from gemma_operator.clock import parse_time, timestamp
 from gemma_operator.conditions import condition
@@ -37,8 +37,8 @@ RUN_FIELDS = (
     "accountedAt",
     "evaluation",
 )
-RUN_CONDITIONS = ("TrainingComplete", "Merged", "Complete", "Failed", "Suspended")
-ACTIVE_STATES = ("Pending", "Running", "Suspended")  # a workload that has not finished
+RUN_CONDITIONS = (reasons.TRAINING_COMPLETE, reasons.MERGED, reasons.COMPLETE, reasons.FAILED, reasons.SUSPENDED)
+ACTIVE_STATES = (reasons.PENDING, reasons.RUNNING, reasons.SUSPENDED)  # a workload that has not finished
 
 
 @dataclass
@@ -53,75 +53,123 @@ class FineTuneView(ResourceView):
     progress: Progress | None = None
     stale: list[dict] = field(default_factory=list)  # workloads of earlier runs
 
+    @property
+    def valid_plan(self) -> FineTunePlan:
+        """The plan: decide() runs the lifecycle's steps only for a valid spec, which always has one."""
+        assert self.plan is not None
+        return self.plan
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What a reconcile reads for decide(): until the run is trained, the training workload of the
+    current attempt (with its pods and progress), then the merge Job; and the workloads of an
+    earlier run, while one may still exist."""
+
+    kind: str  # of the workload: Job or JobSet
+    name: str
+    training: bool  # the training workload, not the merge Job
+    earlier_runs: bool
+
+
+STALE_KINDS = ("Job", "JobSet")  # what workloads of an earlier run may be
+
+
+def reads(status: dict[str, Any], plan: FineTunePlan) -> Reads:
+    same_run = status.get("run") == plan.run
+    earlier = bool(status.get("run")) and not same_run
+    if same_run and status.get("phase") in (reasons.MERGING, reasons.SUCCEEDED):
+        return Reads("Job", merge.name(plan), False, earlier)
+    attempt = int(status.get("attempt") or 1) if same_run else 1
+    return Reads("JobSet" if plan.multi_host else "Job", training.names(plan, attempt)[0], True, earlier)
+
 
 def decide(v: FineTuneView, settings: OperatorSettings) -> Decision:
     return decide_with(
         v,
         lambda d: _advance(v, d, settings),
-        lambda st, message: _fail(v, st, "InvalidSpec", f"invalid spec: {message}"),
+        lambda st, message: _fail(v, st, reasons.INVALID_SPEC, f"invalid spec: {message}"),
     )
 
 
 def _advance(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
-    st, p = d.status, v.plan
+    st, p = d.status, v.valid_plan
     st["model"], st["topology"] = p.model_label, p.placement.label
     if st.get("run") != p.run:
         if st.get("run"):
-            d.events.append(("Normal", "NewRun", f"the training inputs changed: run {p.run} replaces {st['run']}"))
+            d.events.append(
+                ("Normal", reasons.NEW_RUN, f"the training inputs changed: run {p.run} replaces {st['run']}")
+            )
         for key in RUN_FIELDS:
             st.pop(key, None)
         st["conditions"] = [c for c in st.get("conditions", []) if c["type"] not in RUN_CONDITIONS]
-        st.update(run=p.run, attempt=1, phase="Pending")
+        st.update(run=p.run, attempt=1, phase=reasons.PENDING)
         d.delete += [w for w in v.stale if failure_policy.outcome(w).state in ACTIVE_STATES]
-    failed = condition(st.get("conditions"), "Failed")
-    if st.get("phase") == "Failed" and failed and failed.get("reason") == "InvalidSpec":
-        st["phase"] = "Pending"  # the spec was fixed: carry on where the run stood
-        st["conditions"] = [c for c in st["conditions"] if c["type"] != "Failed"]
-    phase = st.get("phase") or "Pending"
-    if phase in ("Pending", "Training", "Suspended"):
+    failed = condition(st.get("conditions"), reasons.FAILED)
+    if st.get("phase") == reasons.FAILED and failed and failed.get("reason") == reasons.INVALID_SPEC:
+        st["phase"] = reasons.PENDING  # the spec was fixed: carry on where the run stood
+        st["conditions"] = [c for c in st["conditions"] if c["type"] != reasons.FAILED]
+    phase = st.get("phase") or reasons.PENDING
+    if phase in (reasons.PENDING, reasons.TRAINING, reasons.SUSPENDED):
         _training(v, d, settings)
-    elif phase == "Merging":
+    elif phase == reasons.MERGING:
         _merging(v, d, settings)
-    elif phase == "Succeeded" and p.spec.merge.enabled and not _merge_outputs_current(st, p):
+    elif phase == reasons.SUCCEEDED and p.spec.merge.enabled and not _merge_outputs_current(st, p):
         _start_merge(v, d, settings, (st.get("outputs") or {}).get("step"))  # merge settings changed
     evaluation.record_merged_run(st, p.run, timestamp(v.now))
 
 
 def _training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
-    st, p = d.status, v.plan
+    """The training workload: created (again, when it disappeared), kept as the spec wants it, and
+    followed to its outcome."""
+    if v.training is None:
+        _create_training(v, d, settings)
+        return
+    outcome = _keep_training(v, d, settings, v.training)
+    _follow_training(v, d, settings, v.training, outcome)
+
+
+def _create_training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
+    """The workload of the current attempt, or of the next one when it was created before and is
+    gone (while the retry budget lasts)."""
+    st, p = d.status, v.valid_plan
     attempt = int(st.get("attempt") or 1)
     name, _ = training.names(p, attempt)
-    wl = v.training
-    if wl is None:
-        created_before = (st.get("children") or {}).get("training") == name
-        if created_before and not p.spec.suspend:
-            restarts = int(st.get("restarts") or 0) + 1
-            if restarts > p.spec.backoff_limit:
-                _fail(
-                    v,
-                    st,
-                    "BackoffLimitExceeded",
-                    f"training workload {name} disappeared and the retry budget (backoffLimit {p.spec.backoff_limit}) is spent",
-                )
-                return
-            attempt += 1
-            st.update(attempt=attempt, restarts=restarts)
-            d.events.append(
-                (
-                    "Warning",
-                    "TrainingRecreated",
-                    f"{name} disappeared; attempt {attempt} resumes from the latest checkpoint",
-                )
+    created_before = (st.get("children") or {}).get("training") == name
+    if created_before and not p.spec.suspend:
+        restarts = int(st.get("restarts") or 0) + 1
+        if restarts > p.spec.backoff_limit:
+            _fail(
+                v,
+                st,
+                reasons.BACKOFF_LIMIT_EXCEEDED,
+                f"training workload {name} disappeared and the retry budget (backoffLimit {p.spec.backoff_limit}) is spent",
             )
-            name, _ = training.names(p, attempt)
-        budget = max(0, p.spec.backoff_limit - int(st.get("restarts") or 0))  # what earlier attempts left
-        d.create += training_objects(p, settings, v.owner, attempt, budget)
-        st.setdefault("children", {}).update(configMap=name, training=name)
-        st["phase"] = "Suspended" if p.spec.suspend else "Pending"
-        st["message"] = "suspended" if p.spec.suspend else f"created {name}"
-        _cond(v, st, "Suspended", p.spec.suspend, "Suspended" if p.spec.suspend else "Running", "")
-        return
+            return
+        attempt += 1
+        st.update(attempt=attempt, restarts=restarts)
+        d.events.append(
+            (
+                "Warning",
+                reasons.TRAINING_RECREATED,
+                f"{name} disappeared; attempt {attempt} resumes from the latest checkpoint",
+            )
+        )
+        name, _ = training.names(p, attempt)
+    budget = max(0, p.spec.backoff_limit - int(st.get("restarts") or 0))  # what earlier attempts left
+    d.create += training_objects(p, settings, v.owner, attempt, budget)
+    st.setdefault("children", {}).update(configMap=name, training=name)
+    st["phase"] = reasons.SUSPENDED if p.spec.suspend else reasons.PENDING
+    st["message"] = "suspended" if p.spec.suspend else f"created {name}"
+    _cond(v, st, reasons.SUSPENDED, p.spec.suspend, reasons.SUSPENDED if p.spec.suspend else reasons.RUNNING, "")
 
+
+def _keep_training(v: FineTuneView, d: Decision, settings: OperatorSettings, wl: dict) -> failure_policy.Outcome:
+    """The workload as the spec wants it (re-applied, suspended or resumed) and what it counts:
+    restarts, preemptions, chip-hours. Returns its outcome."""
+    st, p = d.status, v.valid_plan
+    attempt = int(st.get("attempt") or 1)
+    name, _ = training.names(p, attempt)
     st.setdefault("children", {}).update(configMap=name, training=name)  # recorded whatever wrote it
     outcome = failure_policy.outcome(wl)
     if outcome.state in ACTIVE_STATES:  # re-applied: labels and config changed by others come back
@@ -145,56 +193,79 @@ def _training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
         sum(failure_policy.is_preemption(pod) for pod in v.training_pods),
     )
     _account(v, st, outcome)
-    _cond(v, st, "Suspended", p.spec.suspend, "Suspended" if p.spec.suspend else "Running", "")
+    _cond(v, st, reasons.SUSPENDED, p.spec.suspend, reasons.SUSPENDED if p.spec.suspend else reasons.RUNNING, "")
+    return outcome
 
-    if outcome.state == "Succeeded":
-        result = _train_result(v.training_pods)
-        step = result.step if result else None
-        st["outputs"] = {
-            k: w for k, w in {"checkpoint": result and result.checkpoint, "step": step}.items() if w is not None
-        }
-        if result:
-            st["progress"] = _progress_dict(result.step, result.total_steps, result.loss, result.tokens_per_second)
-        d.events += evaluation.record_evaluation(st, p.run, result and result.evaluation, p.spec.evaluation is not None)
-        _cond(v, st, "TrainingComplete", True, "Trained", f"trained {step if step is not None else '?'} steps")
-        if p.spec.merge.enabled:
-            _start_merge(v, d, settings, step)
-        else:
-            _succeed(v, st, "training finished (merge disabled)")
-    elif outcome.state == "Failed":
-        _fail(v, st, outcome.reason or "TrainingFailed", _failure_message(v.training_pods, outcome))
+
+def _follow_training(
+    v: FineTuneView, d: Decision, settings: OperatorSettings, wl: dict, outcome: failure_policy.Outcome
+) -> None:
+    """The phase and message that follow from the workload's outcome."""
+    st, p = d.status, v.valid_plan
+    name, _ = training.names(p, int(st.get("attempt") or 1))
+    if outcome.state == reasons.SUCCEEDED:
+        _trained(v, d, settings)
+    elif outcome.state == reasons.FAILED:
+        _fail(v, st, outcome.reason or reasons.TRAINING_FAILED, _failure_message(v.training_pods, outcome))
     elif p.spec.suspend:
-        st.update(phase="Suspended", message="suspended: checkpoints are kept and training resumes from the latest")
-    elif outcome.state == "Suspended":  # suspended by its queue (Kueue) until admitted
-        st.update(phase="Pending", message=f"queued: {wl['kind']} {name} waits for admission")
-    elif outcome.state == "Running":
-        st.setdefault("startTime", timestamp(v.now))
-        st["phase"] = "Training"
-        if v.progress:
-            st["progress"] = _progress_dict(
-                v.progress.step, v.progress.total_steps, v.progress.loss, v.progress.tokens_per_second
-            )
-        prog = st.get("progress") or {}
-        st["message"] = (
-            f"step {prog['step']}/{prog.get('totalSteps', '?')}"
-            + (f", loss {prog['loss']:.4f}" if prog.get("loss") is not None else "")
-            if prog
-            else "training started"
+        st.update(
+            phase=reasons.SUSPENDED, message="suspended: checkpoints are kept and training resumes from the latest"
         )
+    elif outcome.state == reasons.SUSPENDED:  # suspended by its queue (Kueue) until admitted
+        st.update(phase=reasons.PENDING, message=f"queued: {wl['kind']} {name} waits for admission")
+    elif outcome.state == reasons.RUNNING:
+        _running(v, st)
     else:
-        st["phase"] = "Pending"
+        st["phase"] = reasons.PENDING
         st["message"] = _scheduling_message(v.training_pods) or f"waiting for {wl['kind']} {name} to start"
 
 
+def _trained(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
+    """The training's outputs, progress and evaluation recorded; then the merge, or success."""
+    st, p = d.status, v.valid_plan
+    result = _train_result(v.training_pods)
+    step = result.step if result else None
+    st["outputs"] = {
+        k: w for k, w in {"checkpoint": result and result.checkpoint, "step": step}.items() if w is not None
+    }
+    if result:
+        st["progress"] = _progress_dict(result.step, result.total_steps, result.loss, result.tokens_per_second)
+    d.events += evaluation.record_evaluation(
+        st, p.run, result.evaluation if result else None, p.spec.evaluation is not None
+    )
+    _cond(v, st, reasons.TRAINING_COMPLETE, True, reasons.TRAINED, f"trained {step if step is not None else '?'} steps")
+    if p.spec.merge.enabled:
+        _start_merge(v, d, settings, step)
+    else:
+        _succeed(v, st, "training finished (merge disabled)")
+
+
+def _running(v: FineTuneView, st: dict[str, Any]) -> None:
+    """Training: the start time, and the latest progress the workload reported."""
+    st.setdefault("startTime", timestamp(v.now))
+    st["phase"] = reasons.TRAINING
+    if v.progress:
+        st["progress"] = _progress_dict(
+            v.progress.step, v.progress.total_steps, v.progress.loss, v.progress.tokens_per_second
+        )
+    prog = st.get("progress") or {}
+    st["message"] = (
+        f"step {prog['step']}/{prog.get('totalSteps', '?')}"
+        + (f", loss {prog['loss']:.4f}" if prog.get("loss") is not None else "")
+        if prog
+        else "training started"
+    )
+
+
 def _merging(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
-    st, p = d.status, v.plan
+    st, p = d.status, v.valid_plan
     if v.merge is None:
         _start_merge(v, d, settings, (st.get("outputs") or {}).get("step"))  # lost: the merge resumes
         return
     outcome = failure_policy.outcome(v.merge)
     if outcome.state in ACTIVE_STATES:  # re-applied: labels and config changed by others come back
         d.create += merge_objects(p, settings, v.owner, (st.get("outputs") or {}).get("step"))
-    if outcome.state == "Succeeded":
+    if outcome.state == reasons.SUCCEEDED:
         result = _merge_result(v.merge_pods)
         written = _record_merge_outputs(st, p, result)
         detail = (
@@ -203,14 +274,14 @@ def _merging(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
             else ""
         )
         if result and result.adapter_error:
-            d.events.append(("Warning", "AdapterNotWritten", result.adapter_error))
+            d.events.append(("Warning", reasons.ADAPTER_NOT_WRITTEN, result.adapter_error))
             detail += f"; no PEFT adapter: {result.adapter_error}"
-        _cond(v, st, "Merged", True, "Merged", f"wrote {written}{detail}")
+        _cond(v, st, reasons.MERGED, True, reasons.MERGED, f"wrote {written}{detail}")
         _succeed(v, st, written)
-    elif outcome.state == "Failed":
-        _fail(v, st, "MergeFailed", _failure_message(v.merge_pods, outcome))
+    elif outcome.state == reasons.FAILED:
+        _fail(v, st, reasons.MERGE_FAILED, _failure_message(v.merge_pods, outcome))
     else:
-        st.update(phase="Merging", message=f"merging the adapter into {p.merged_dir}")
+        st.update(phase=reasons.MERGING, message=f"merging the adapter into {p.merged_dir}")
 
 
 def _merge_outputs_current(st: dict, p: FineTunePlan) -> bool:
@@ -238,10 +309,10 @@ def _record_merge_outputs(st: dict, p: FineTunePlan, result: MergeResult | None)
 
 
 def _start_merge(v: FineTuneView, d: Decision, settings: OperatorSettings, step: int | None) -> None:
-    st, p = d.status, v.plan
+    st, p = d.status, v.valid_plan
     d.create += merge_objects(p, settings, v.owner, step)
     st.setdefault("children", {})["merge"] = merge.name(p)
-    st.update(phase="Merging", message=f"merging the adapter into {p.merged_dir}")
+    st.update(phase=reasons.MERGING, message=f"merging the adapter into {p.merged_dir}")
 
 
 def _account(v: FineTuneView, st: dict, outcome: failure_policy.Outcome) -> None:
@@ -252,20 +323,20 @@ def _account(v: FineTuneView, st: dict, outcome: failure_policy.Outcome) -> None
     most every ACCOUNT_EVERY seconds so that accounting alone does not keep rewriting the status.
     A workload that stops running (finished, suspended, requeued) is accounted up to that moment.
     """
-    chips = v.plan.placement.chips
+    chips = v.valid_plan.placement.chips
     last = parse_time(st.get("accountedAt"))
     now = v.now.replace(microsecond=0)
-    if outcome.state == "Running":
+    if outcome.state == reasons.RUNNING:
         if last is None or (now - last).total_seconds() >= ACCOUNT_EVERY:
             _add_chip_hours(st, chips, last, now)
             st["accountedAt"] = timestamp(now)
     else:
-        finished = _finished_at(v.training) if outcome.state in ("Succeeded", "Failed") else None
+        finished = _finished_at(v.training) if outcome.state in (reasons.SUCCEEDED, reasons.FAILED) else None
         _add_chip_hours(st, chips, last, finished or now)
         st.pop("accountedAt", None)
     if chips:
         st.setdefault("chipHours", 0.0)
-        st["estimatedCost"] = round(st["chipHours"] * v.plan.price_per_chip_hour, 2)
+        st["estimatedCost"] = round(st["chipHours"] * v.valid_plan.price_per_chip_hour, 2)
 
 
 def _add_chip_hours(st: dict, chips: int, since: datetime.datetime | None, until: datetime.datetime) -> None:
@@ -279,21 +350,22 @@ def _finished_at(workload: dict | None) -> datetime.datetime | None:
     ended = [
         c
         for c in wst.get("conditions") or []
-        if c.get("type") in ("Complete", "Completed", "Failed") and c.get("status") == "True"
+        if c.get("type") in (reasons.JOB_COMPLETE, reasons.JOBSET_COMPLETED, reasons.JOB_FAILED)
+        and c.get("status") == "True"
     ]
     return parse_time(wst.get("completionTime") or (ended[0].get("lastTransitionTime") if ended else None))
 
 
 def _succeed(v: FineTuneView, st: dict, message: str) -> None:
-    st.update(phase="Succeeded", message=message, completionTime=timestamp(v.now))
-    _cond(v, st, "Complete", True, "Succeeded", message)
+    st.update(phase=reasons.SUCCEEDED, message=message, completionTime=timestamp(v.now))
+    _cond(v, st, reasons.COMPLETE, True, reasons.SUCCEEDED, message)
 
 
 def _fail(v: FineTuneView, st: dict, reason: str, message: str) -> None:
-    st.update(phase="Failed", message=message)
-    if reason != "InvalidSpec":
+    st.update(phase=reasons.FAILED, message=message)
+    if reason != reasons.INVALID_SPEC:
         st["completionTime"] = timestamp(v.now)
-    _cond(v, st, "Failed", True, reason, message)
+    _cond(v, st, reasons.FAILED, True, reason, message)
 
 
 def _cond(v: FineTuneView, st: dict, type_: str, value: bool, reason: str, message: str) -> None:
@@ -318,7 +390,7 @@ def _terminated(pod: dict) -> dict:
 def _results(pods: list[dict], model):
     for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""), reverse=True):
         message = _terminated(pod).get("message")
-        if pod.get("status", {}).get("phase") == "Succeeded" and message:
+        if pod.get("status", {}).get("phase") == reasons.POD_SUCCEEDED and message:
             try:
                 return model.model_validate_json(message)
             except ValueError:
@@ -336,7 +408,7 @@ def _merge_result(pods: list[dict]) -> MergeResult | None:
 
 def _failure_message(pods: list[dict], outcome: failure_policy.Outcome) -> str:
     """The pod's own account of the failure (result JSON or log tail), else the Job's."""
-    failed = [p for p in pods if p.get("status", {}).get("phase") == "Failed"]
+    failed = [p for p in pods if p.get("status", {}).get("phase") == reasons.POD_FAILED]
     for pod in sorted(failed, key=lambda p: p["metadata"].get("creationTimestamp", ""), reverse=True):
         t = _terminated(pod)
         message = (t.get("message") or "").strip()
@@ -352,6 +424,6 @@ def _failure_message(pods: list[dict], outcome: failure_policy.Outcome) -> str:
 def _scheduling_message(pods: list[dict]) -> str | None:
     for pod in pods:
         for c in (pod.get("status") or {}).get("conditions") or []:
-            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("message"):
+            if c.get("type") == reasons.POD_SCHEDULED and c.get("status") == "False" and c.get("message"):
                 return f"waiting for TPU nodes: {c['message']}"
     return None

@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gemma_operator import evaluation, rollout_gate
+from gemma_operator import evaluation, reasons, rollout_gate
 from gemma_operator.children import serving, serving_objects
 from gemma_operator.conditions import condition
 from gemma_operator.lifecycle.common import Decision, ResourceView, decide_with, set_cond
 from gemma_operator.plan import ServePlan
+from gemma_operator.plan.served_model import served_model
 from gemma_operator.settings import OperatorSettings
 
 
@@ -32,6 +33,36 @@ class ServeView(ResourceView):
     extras: list[dict] = field(default_factory=list)  # other serving children that exist now
     pods: list[dict] = field(default_factory=list)
 
+    @property
+    def valid_plan(self) -> ServePlan:
+        """The plan: decide() runs the lifecycle's steps only for a valid spec, which always has one."""
+        assert self.plan is not None
+        return self.plan
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What a reconcile reads for decide() once a model is resolved: the add-ons the plan needs
+    (True: it cannot do without), and its serving children, all named `name`, of which the one of
+    `workload_kind` is the workload (its pods read too) and the others its extras."""
+
+    addons: dict[str, bool]
+    name: str
+    workload_kind: str
+
+
+def reads(plan: ServePlan) -> Reads | None:
+    if not plan.model_uri:  # waiting for the model: nothing to read
+        return None
+    m = plan.spec.metrics
+    needed = (
+        ("LeaderWorkerSet", True, plan.multi_host),
+        ("PodMonitor", False, m.pod_monitor),
+        ("PodMonitoring", False, m.pod_monitoring),
+    )
+    workload_kind = "LeaderWorkerSet" if plan.multi_host else "Deployment"
+    return Reads({kind: blocking for kind, blocking, wanted in needed if wanted}, serving.name(plan), workload_kind)
+
 
 def resolve_model(
     ref_name: str | None, fine_tune: dict | None, status: dict[str, Any], spec: dict[str, Any] | None = None
@@ -40,48 +71,58 @@ def resolve_model(
     pinned run's); while none does, or while the fine-tune re-runs, the output already served."""
     if ref_name is None:
         return None
-    return rollout_gate.select_for(spec or {}, fine_tune, status.get("modelUri")).model_uri
+    return served_model(spec or {}, None, fine_tune or {}, status.get("modelUri")).uri
 
 
 def decide(v: ServeView, settings: OperatorSettings) -> Decision:
     def invalid(st: dict, message: str) -> None:
-        st.update(phase="Failed", message=f"invalid spec: {message}")
+        st.update(phase=reasons.FAILED, message=f"invalid spec: {message}")
 
     return decide_with(v, lambda d: _advance(v, d, settings), invalid)
 
 
 def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
-    st, p = d.status, v.plan
+    """The model to serve (or why none is yet), the serving children, and the rollout's progress."""
+    st, p = d.status, v.valid_plan
     sel = _gate(v, d) if v.fine_tune_name else None
     if p.model_uri is None:
         reason, message = _blocked(sel) or _waiting(v)
-        _cond(v, st, "ModelReady", False, reason, message)
-        st.update(phase="WaitingForModel", message=message)
+        _cond(v, st, reasons.MODEL_READY, False, reason, message)
+        st.update(phase=reasons.WAITING_FOR_MODEL, message=message)
         return
-    ft_status = (v.fine_tune or {}).get("status") or {}
-    latest = ft_status.get("outputs", {}).get("merged")
-    if sel and sel.pin_missing:
-        _cond(v, st, "ModelReady", False, "RunNotFound", f"{sel.pin_missing}; {p.model_uri} keeps serving")
-    elif sel and sel.verdict and not sel.verdict.passed:
-        _cond(v, st, "ModelReady", True, "PreviousOutput", f"serving {p.model_uri}: {sel.verdict.message}")
-    elif v.fine_tune_name and latest != p.model_uri:
-        _cond(
-            v,
-            st,
-            "ModelReady",
-            True,
-            "PreviousOutput",
-            f"serving {p.model_uri} while GemmaFineTune {v.fine_tune_name} is {ft_status.get('phase', 'missing')}",
-        )
-    else:
-        _cond(v, st, "ModelReady", True, "Resolved", p.model_uri)
+    _model_ready(v, st, p.model_uri, sel)
     absent = {m.kind for m in v.missing}  # an optional monitor whose CRD is not installed
     d.create += [o for o in serving_objects(p, settings, v.owner) if o["kind"] not in absent]
     wanted = {(o["kind"], o["metadata"]["name"]) for o in d.create}
     d.delete += [o for o in v.extras if (o["kind"], o["metadata"]["name"]) not in wanted]  # e.g. autoscaling removed
     st.update(modelUri=p.model_uri, servedModelName=p.served_name, endpoint=serving.endpoint(p))
+    _rollout(v, st)
 
-    wl = v.workload
+
+def _model_ready(v: ServeView, st: dict[str, Any], model_uri: str, sel: rollout_gate.Selection | None) -> None:
+    """ModelReady: which output is served, and why it is not the fine-tune's latest when it is not."""
+    ft_status = (v.fine_tune or {}).get("status") or {}
+    latest = ft_status.get("outputs", {}).get("merged")
+    if sel and sel.pin_missing:
+        _cond(v, st, reasons.MODEL_READY, False, reasons.RUN_NOT_FOUND, f"{sel.pin_missing}; {model_uri} keeps serving")
+    elif sel and sel.verdict and not sel.verdict.passed:
+        _cond(v, st, reasons.MODEL_READY, True, reasons.PREVIOUS_OUTPUT, f"serving {model_uri}: {sel.verdict.message}")
+    elif v.fine_tune_name and latest != model_uri:
+        _cond(
+            v,
+            st,
+            reasons.MODEL_READY,
+            True,
+            reasons.PREVIOUS_OUTPUT,
+            f"serving {model_uri} while GemmaFineTune {v.fine_tune_name} is {ft_status.get('phase', 'missing')}",
+        )
+    else:
+        _cond(v, st, reasons.MODEL_READY, True, reasons.RESOLVED, model_uri)
+
+
+def _rollout(v: ServeView, st: dict[str, Any]) -> None:
+    """Replicas, Available and Progressing, and the phase, from the serving workload's status."""
+    p, wl = v.valid_plan, v.workload
     replicas = (
         p.spec.replicas
         if p.spec.autoscaling is None
@@ -89,7 +130,7 @@ def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
     )
     st["replicas"] = replicas
     if wl is None:
-        st.update(phase="Deploying", message=f"creating {serving.name(p)}", readyReplicas=0, updatedReplicas=0)
+        st.update(phase=reasons.DEPLOYING, message=f"creating {serving.name(p)}", readyReplicas=0, updatedReplicas=0)
         return
     ws = wl.get("status") or {}
     ready, updated = int(ws.get("readyReplicas") or 0), int(ws.get("updatedReplicas") or 0)
@@ -101,63 +142,68 @@ def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
         wl["metadata"].get("generation") or 1
     )
     current = template_rev == p.revision and observed
-    progressing = condition(ws.get("conditions"), "Progressing") or {}
+    progressing = condition(ws.get("conditions"), reasons.DEPLOYMENT_PROGRESSING) or {}
     _cond(
         v,
         st,
-        "Available",
+        reasons.DEPLOYMENT_AVAILABLE,
         ready > 0,
-        "MinimumReplicasAvailable" if ready else "NoReplicaReady",
+        reasons.MINIMUM_REPLICAS_AVAILABLE if ready else reasons.NO_REPLICA_READY,
         f"{ready}/{replicas} ready",
     )
-    if current and progressing.get("status") == "False" and progressing.get("reason") == "ProgressDeadlineExceeded":
-        why = _pod_problem(v.pods) or progressing.get("message", "")
-        _cond(v, st, "Progressing", False, "ProgressDeadlineExceeded", why)
-        if ready:
-            st.update(
-                phase="Deploying",
-                message=f"rollout of revision {p.revision} is stuck ({why}); {ready} replica(s) of the previous revision still serve",
-            )
-        else:
-            st.update(phase="Failed", message=f"no replica became ready: {why}")
-        return
-    if current and updated >= replicas and ready >= replicas:
+    if (
+        current
+        and progressing.get("status") == "False"
+        and progressing.get("reason") == reasons.PROGRESS_DEADLINE_EXCEEDED
+    ):
+        _stuck(v, st, ready, _pod_problem(v.pods) or progressing.get("message", ""))
+    elif current and updated >= replicas and ready >= replicas:
         st["revision"] = p.revision
-        _cond(v, st, "Progressing", True, "RolloutComplete", f"revision {p.revision}")
+        _cond(v, st, reasons.DEPLOYMENT_PROGRESSING, True, reasons.ROLLOUT_COMPLETE, f"revision {p.revision}")
         st.update(
-            phase="Ready", message=f"serving {p.served_name} at {st['endpoint']}" if replicas else "scaled to zero"
+            phase=reasons.READY,
+            message=f"serving {p.served_name} at {st['endpoint']}" if replicas else "scaled to zero",
         )
-        return
-    _cond(
-        v, st, "Progressing", True, "RollingOut", f"revision {p.revision}: {updated}/{replicas} updated, {ready} ready"
-    )
-    problem = _pod_problem(v.pods)
-    st.update(
-        phase="Deploying",
-        message=f"rolling out revision {p.revision}: {updated}/{replicas} updated, {ready} ready"
-        + (f" ({problem})" if problem else ""),
-    )
+    else:
+        progress = f"revision {p.revision}: {updated}/{replicas} updated, {ready} ready"
+        _cond(v, st, reasons.DEPLOYMENT_PROGRESSING, True, reasons.ROLLING_OUT, progress)
+        problem = _pod_problem(v.pods)
+        st.update(phase=reasons.DEPLOYING, message=f"rolling out {progress}" + (f" ({problem})" if problem else ""))
+
+
+def _stuck(v: ServeView, st: dict[str, Any], ready: int, why: str) -> None:
+    """A rollout past its progress deadline: Failed with no replica ready, else the previous revision serves."""
+    revision = v.valid_plan.revision
+    _cond(v, st, reasons.DEPLOYMENT_PROGRESSING, False, reasons.PROGRESS_DEADLINE_EXCEEDED, why)
+    if ready:
+        st.update(
+            phase=reasons.DEPLOYING,
+            message=f"rollout of revision {revision} is stuck ({why}); {ready} replica(s) of the previous revision still serve",
+        )
+    else:
+        st.update(phase=reasons.FAILED, message=f"no replica became ready: {why}")
 
 
 def _gate(v: ServeView, d: Decision) -> rollout_gate.Selection:
     """The rollout gate's decision in the status: the runs that pass, the run served, GatePassed
     (with an Event when it changes)."""
-    st, spec = d.status, v.plan.spec
+    st, spec = d.status, v.valid_plan.spec
+    ref = spec.model.fine_tune_ref
     sel = rollout_gate.select(
         spec.rollout.gate,
         evaluation.runs_of((v.fine_tune or {}).get("status") or {}),
         v.status.get("modelUri"),
-        spec.model.fine_tune_ref.run,
+        ref.run if ref else None,
     )
     st["passedRuns"] = sel.passed
     if sel.run:
         st["run"] = sel.run
     else:
         st.pop("run", None)  # nothing served, or an output the fine-tune no longer lists
-    before = condition(st.get("conditions"), "GatePassed")
+    before = condition(st.get("conditions"), reasons.GATE_PASSED)
     if not spec.rollout.gate or sel.verdict is None:
         if not spec.rollout.gate and before:
-            st["conditions"] = [c for c in st["conditions"] if c["type"] != "GatePassed"]
+            st["conditions"] = [c for c in st["conditions"] if c["type"] != reasons.GATE_PASSED]
         return sel
     ok = sel.verdict.passed
     served = (
@@ -169,8 +215,10 @@ def _gate(v: ServeView, d: Decision) -> rollout_gate.Selection:
     )
     message = sel.verdict.message if ok else f"{sel.verdict.message}: not rolled out; {served}"
     if not before or before.get("status") != str(ok) or before.get("message") != message:
-        d.events.append(("Normal" if ok else "Warning", "GatePassed" if ok else "RolloutBlocked", message))
-    _cond(v, st, "GatePassed", ok, sel.verdict.reason, message)
+        d.events.append(
+            ("Normal" if ok else "Warning", reasons.GATE_PASSED if ok else reasons.ROLLOUT_BLOCKED, message)
+        )
+    _cond(v, st, reasons.GATE_PASSED, ok, sel.verdict.reason, message)
     return sel
 
 
@@ -179,26 +227,26 @@ def _blocked(sel: rollout_gate.Selection | None) -> tuple[str, str] | None:
     if sel is None:
         return None
     if sel.pin_missing:
-        return "RunNotFound", sel.pin_missing
+        return reasons.RUN_NOT_FOUND, sel.pin_missing
     if sel.verdict is not None and not sel.verdict.passed:
-        return "RolloutBlocked", f"{sel.verdict.message}: nothing passes the gate yet"
+        return reasons.ROLLOUT_BLOCKED, f"{sel.verdict.message}: nothing passes the gate yet"
     return None
 
 
 def _waiting(v: ServeView) -> tuple[str, str]:
     if v.fine_tune is None:
-        return "FineTuneNotFound", f"GemmaFineTune {v.fine_tune_name} not found in {v.namespace}"
+        return reasons.FINE_TUNE_NOT_FOUND, f"GemmaFineTune {v.fine_tune_name} not found in {v.namespace}"
     merge_spec = (v.fine_tune.get("spec") or {}).get("merge") or {}
     if merge_spec.get("output") == "adapter":
-        return "AdapterOnly", (
+        return reasons.ADAPTER_ONLY, (
             f"GemmaFineTune {v.fine_tune_name} keeps only a PEFT adapter (spec.merge.output: adapter); a GemmaServe "
             "serves merged models: set its spec.merge.output to both or merged"
         )
     ft = v.fine_tune.get("status") or {}
-    phase = ft.get("phase") or "Pending"
-    reason = "FineTuneFailed" if phase == "Failed" else "FineTuneNotReady"
+    phase = ft.get("phase") or reasons.PENDING
+    reason = reasons.FINE_TUNE_FAILED if phase == reasons.FAILED else reasons.FINE_TUNE_NOT_READY
     # Only a failure's message: its progress would rewrite this status at every training step.
-    detail = f": {ft['message']}" if ft.get("message") and phase == "Failed" else ""
+    detail = f": {ft['message']}" if ft.get("message") and phase == reasons.FAILED else ""
     return reason, f"waiting for GemmaFineTune {v.fine_tune_name} ({phase}{detail})"
 
 
@@ -210,7 +258,7 @@ def _pod_problem(pods: list[dict]) -> str | None:
             if waiting.get("reason"):
                 return f"{pod['metadata']['name']}: {waiting['reason']} {waiting.get('message', '')}".strip()
         for c in (pod.get("status") or {}).get("conditions") or []:
-            if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            if c.get("type") == reasons.POD_SCHEDULED and c.get("status") == "False":
                 return f"{pod['metadata']['name']}: {c.get('message', 'unschedulable')}"
     return None
 

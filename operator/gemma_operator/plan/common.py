@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -37,7 +37,10 @@ def _problems(error: ValidationError, root: str) -> list[str]:
     return out
 
 
-def parse(model: type[BaseModel], spec: dict[str, Any] | None, root: str = "spec") -> Any:
+Spec = TypeVar("Spec", bound=BaseModel)
+
+
+def parse(model: type[Spec], spec: dict[str, Any] | None, root: str = "spec") -> Spec:
     """Validate a CR's spec, turning pydantic's errors into field-named problems."""
     try:
         return model.model_validate(spec or {})
@@ -87,7 +90,7 @@ def placement(spec_tpu: api.TPU, node_pool: str | None = None) -> Placement:
         selector = {"cloud.google.com/gke-nodepool": spec_tpu.node_pool} if spec_tpu.node_pool else {}
         return Placement("cpu", None, selector, [])
     try:
-        slice_ = tpu.resolve(spec_tpu.accelerator, spec_tpu.topology)
+        slice_ = tpu.GENERATIONS[spec_tpu.accelerator].slice(spec_tpu.topology)  # cpu returned above
     except KeyError as e:
         raise SpecError([f"spec.tpu.topology: {e.args[0]}"]) from None
     selector = tpu.node_selector(

@@ -14,6 +14,7 @@ from typing import Any
 
 from gemma_operator import api, fit, host, mounts, pricing, tpu
 from gemma_operator.model_shapes import PRESETS, ModelShape, infer_preset
+from gemma_operator.model_uri import ModelUri
 from gemma_operator.plan import evaluation
 from gemma_operator.plan.common import (
     Placement,
@@ -97,7 +98,7 @@ def _divides_heads(tp: int, shape: ModelShape | None) -> bool:
 
 
 def _model_path(spec: api.ModelSource) -> str:
-    return spec.uri if spec.uri else f"hf://{spec.hf_repo}"
+    return spec.uri if spec.uri else str(ModelUri.hf(spec.hf_repo or ""))
 
 
 # ---------------------------------------------------------------------------- checks
@@ -116,7 +117,7 @@ def _mesh(
             f"spec.training.mesh: fsdp {mesh.fsdp} x tp {mesh.tp} = {mesh.fsdp * mesh.tp} devices, "
             f"but {place.label} has {devices}"
         ]
-    if not _divides_heads(mesh.tp, shape):
+    if shape is not None and not _divides_heads(mesh.tp, shape):
         return mesh, [
             f"spec.training.mesh.tp: {mesh.tp} does not divide {preset}'s attention heads "
             f"({shape.heads}), KV heads ({shape.kv_heads}) and global KV heads ({shape.global_kv_heads})"
@@ -156,7 +157,7 @@ def _reachable(spec: api.GemmaFineTuneSpec) -> list[str]:
             "spec.model.uri": spec.model.uri,
             "spec.dataset.uri": spec.dataset.uri,
             "spec.output.uri": spec.output.uri,
-            "spec.evaluation.uri": spec.evaluation and spec.evaluation.uri,
+            "spec.evaluation.uri": spec.evaluation.uri if spec.evaluation else None,
         },
         spec.storage,
         spec.tpu.accelerator,
@@ -301,6 +302,18 @@ def _merge_memory_gib(shape: ModelShape | None, spec: api.GemmaFineTuneSpec, wor
 # ---------------------------------------------------------------------------- the plan
 
 
+def _run_ids(spec: api.GemmaFineTuneSpec) -> tuple[str, str]:
+    """(run, merge id): hashes of the inputs of training and of the merge's settings."""
+    run = digest(
+        {
+            **spec.model_dump(mode="json", include={"model", "dataset", "lora", "training"}),
+            **evaluation.run_inputs(spec),
+        }
+    )
+    # Which outputs are kept does not change what is in them: a run's folders keep their names.
+    return run, digest(spec.merge.model_dump(mode="json", exclude={"enabled", "output"}), 6)
+
+
 def plan_finetune(
     name: str,
     namespace: str,
@@ -309,8 +322,7 @@ def plan_finetune(
     labels: dict[str, str] | None = None,
 ) -> FineTunePlan:
     """Everything the children of a GemmaFineTune need, or a SpecError listing every problem."""
-    if not isinstance(spec, api.GemmaFineTuneSpec):
-        spec = parse(api.GemmaFineTuneSpec, spec)
+    spec = spec if isinstance(spec, api.GemmaFineTuneSpec) else parse(api.GemmaFineTuneSpec, spec)
     preset = spec.model.preset or infer_preset(spec.model.hf_repo)
     shape = PRESETS.get(preset) if preset else None
     try:
@@ -328,14 +340,7 @@ def plan_finetune(
     if problems:
         raise SpecError(problems)
 
-    run = digest(
-        {
-            **spec.model_dump(mode="json", include={"model", "dataset", "lora", "training"}),
-            **evaluation.run_inputs(spec),
-        }
-    )
-    # Which outputs are kept does not change what is in them: a run's folders keep their names.
-    merge_id = digest(spec.merge.model_dump(mode="json", exclude={"enabled", "output"}), 6)
+    run, merge_id = _run_ids(spec)
     rdir = run_dir(spec.output.uri, run)
     merged, adapter = join(rdir, f"merged-{merge_id}"), join(rdir, f"adapter-{merge_id}")
     train = train_config(spec, place, mesh, micro, rdir, settings, memory)

@@ -8,6 +8,7 @@ from typing import Any
 
 from gemma_operator import api, fit, host, mounts, pricing, rollout_gate, tpu
 from gemma_operator.model_shapes import PRESETS, ModelShape, infer_preset
+from gemma_operator.model_uri import HF_SCHEME, ModelUri
 from gemma_operator.plan.common import Placement, SpecError, check_paths, digest, hf_source_checks, parse, placement
 from gemma_operator.settings import OperatorSettings
 
@@ -95,7 +96,7 @@ def _staging(
 ) -> tuple[host.HostPlan | None, list[str]]:
     """Every host downloads an hf:// model whole before loading it: onto a disk planned like
     training's, not the node's boot disk, which a 31B download fills (the kubelet then evicts the pod)."""
-    if place.slice is None or not uri or not uri.startswith("hf://"):
+    if place.slice is None or not uri or ModelUri.parse(uri).scheme != HF_SCHEME:
         return None, []
     staging = replace(host.plan_host(shape, uri, "bfloat16", place.slice, settings), memory=None)
     where = f"a {place.slice.machine_type} host of {place.label}"
@@ -127,8 +128,7 @@ def plan_serve(
     labels: dict[str, str] | None = None,
 ) -> ServePlan:
     """Everything the serving children need. `model_uri` is the resolved fineTuneRef output."""
-    if not isinstance(spec, api.GemmaServeSpec):
-        spec = parse(api.GemmaServeSpec, spec)
+    spec = spec if isinstance(spec, api.GemmaServeSpec) else parse(api.GemmaServeSpec, spec)
     node_pool = settings.serving_node_pools.get(spec.tpu.topology or "2x4") if spec.tpu.accelerator == "v6e" else None
     place = placement(spec.tpu, node_pool=node_pool)
     preset = spec.model.preset or infer_preset(spec.model.hf_repo) or fine_tune_preset
@@ -141,7 +141,7 @@ def plan_serve(
     problems += source_problems
     problems += mounts.storage_problems(spec.storage, (*mounts.SERVING, host.STAGING_DIR))
     startup, too_short = _startup(spec, place, shape)
-    uri = spec.model.uri or (f"hf://{spec.model.hf_repo}" if spec.model.hf_repo else model_uri)
+    uri = spec.model.uri or (str(ModelUri.hf(spec.model.hf_repo)) if spec.model.hf_repo else model_uri)
     staging, no_room = _staging(uri, place, shape, preset, settings)
     if problems := problems + too_short + no_room:
         raise SpecError(problems)

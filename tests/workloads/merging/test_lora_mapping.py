@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from gemma_workloads import tiny
+from gemma_devcluster import tiny
 from gemma_workloads.config import LoraConfig
 from gemma_workloads.merging import lora_mapping
 

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from gemma_workloads import tiny
+from gemma_devcluster import tiny
 from gemma_workloads.config import EXIT_INVALID_INPUT, EXIT_OK, LORA_MODULES, LoraConfig
 from gemma_workloads.merging import lora_mapping, peft_export
 from gemma_workloads.merging import merger as merge

@@ -5,7 +5,7 @@ import pytest
 from flax import nnx
 from tunix.models.gemma4 import model as gemma4
 
-from gemma_workloads import tiny
+from gemma_devcluster import tiny
 from gemma_workloads.config import MeshConfig
 from gemma_workloads.training import flops as metrics
 from gemma_workloads.training import model_loader as model

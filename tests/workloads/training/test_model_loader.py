@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gemma_workloads import tiny
+from gemma_devcluster import tiny
 from gemma_workloads.config import LoraConfig
 from gemma_workloads.training import lora
 from gemma_workloads.training import model_loader as model

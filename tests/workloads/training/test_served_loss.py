@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma_workloads import tiny
+from gemma_devcluster import tiny
 from gemma_workloads.config import EXIT_OK, TrainConfig
 from gemma_workloads.training import trainer as train
 from tests.workloads.merging.test_merger import run_merge

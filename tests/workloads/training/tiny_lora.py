@@ -9,7 +9,7 @@ import numpy as np
 from flax import nnx
 from tunix.models.gemma4 import model as gemma4
 
-from gemma_workloads import tiny
+from gemma_devcluster import tiny
 from gemma_workloads.config import LoraConfig
 from gemma_workloads.training import batches, lora
 from gemma_workloads.training import model_loader as model

@@ -233,7 +233,9 @@ class _AdapterOutcome:
     """The adapter's folder and bytes written, or why it was not written."""
 
     def __init__(self, folder: Path | None):
-        self.folder, self.bytes, self.error = folder, None, None
+        self.folder = folder
+        self.bytes: int | None = None
+        self.error: str | None = None
 
     def attempt(self, step, output: str) -> None:
         """Run an export step; a refusal fails an adapter-only merge and is reported otherwise."""

@@ -83,7 +83,7 @@ def copy_blocks(reader: Reader, info: TensorInfo) -> Iterator[Block]:
     """Raw bytes through: no parsing, no conversion."""
     for start, stop in _ranges(info.nbytes, BLOCK_BYTES):
         view = reader.view(info, start, stop - start)
-        yield Block(len(view), lambda view=view: (view, None))
+        yield Block(len(view), lambda view=view: (view, None))  # type: ignore[misc]  # the default binds this block's view
 
 
 def merge_blocks(

@@ -51,9 +51,9 @@ def resolve(path: str, platform: str | None = None) -> Path:
     if path not in ATTENTION_PATHS:
         raise ValueError(f"attention path {path!r}: expected one of {ATTENTION_PATHS}")
     if path != "auto":
-        return path  # type: ignore[return-value]
+        return path  # type: ignore[return-value]  # one of ATTENTION_PATHS, checked above
     platform = platform or jax.default_backend()
-    return {"tpu": "splash", "gpu": "cudnn"}.get(platform, "reference")  # type: ignore[return-value]
+    return {"tpu": "splash", "gpu": "cudnn"}.get(platform, "reference")  # type: ignore[return-value]  # each a Path
 
 
 def use_attention(model: gemma4.Gemma4, path: str) -> Path:
@@ -114,8 +114,9 @@ def dot_product(
     """`jax.nn.dot_product_attention` on `[B, T, N, H]` queries and `[B, S, K, H]` keys/values; on
     the cuDNN path, what cuDNN cannot take goes to XLA in query blocks where the row divides."""
     implementation = dot_product_implementation(path, q.shape[-1], q.dtype)
-    if path == "cudnn" and implementation == "xla" and query_block(q.shape[1]) is not None:
-        return query_blocks(q, k, v, segments, window, query_block(q.shape[1]))
+    block = query_block(q.shape[1])
+    if path == "cudnn" and implementation == "xla" and block is not None:
+        return query_blocks(q, k, v, segments, window, block)
     return jax.nn.dot_product_attention(
         q, k, v, **dot_product_arguments(segments, window), implementation=implementation
     )
@@ -204,6 +205,7 @@ def _splash_local(q, k, v, segments, *, window: int | None, softcap: float | Non
     shape = (length, length)
     one = masks.LocalMask(shape, window_size=(window - 1, 0), offset=0) if window else masks.CausalMask(shape)
     block = splash_block(length)
+    assert block is not None  # the layer takes this path only for rows the blocks tile
     sizes = kernel.BlockSizes(
         block_q=block,
         block_kv=block,

@@ -81,7 +81,7 @@ def apply_lora(model: nnx.Module, lora: LoraConfig, *, seed: int = 0) -> nnx.Mod
     provider = _Float32LoraProvider(
         module_path=module_regex(lora.target_modules), rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout
     )
-    inputs = model.get_model_input()
+    inputs = model.get_model_input()  # type: ignore[attr-defined]  # Tunix's models have it; nnx.Module does not declare it
     rngs = nnx.Rngs(params=seed, dropout=seed + 1)
     model = qwix.apply_lora_to_model(model, provider, rngs=rngs, skip_nnx_init=True, **inputs)
     _create_adapter(model, rngs, inputs)

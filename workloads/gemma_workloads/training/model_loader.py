@@ -144,7 +144,7 @@ class _TowerSkips(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not str(record.msg).startswith("Skipped loading") or len(record.args or ()) != 2:
             return True
-        keys = set(str(record.args[1]).split(", "))
+        keys = set(str(record.args[1]).split(", "))  # type: ignore[index]  # two positional args: checked above
         if not all(k.startswith(TOWER_PREFIXES) for k in keys):
             return True  # anything else unmapped is worth the warning
         self.towers |= keys

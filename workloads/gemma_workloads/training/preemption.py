@@ -17,6 +17,9 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 import orbax.checkpoint as ocp
 
@@ -34,7 +37,7 @@ class Preemption:
         self.grace_seconds = grace_seconds
         self.multi_host = multi_host
         self.signalled_at: float | None = None
-        self._previous = None
+        self._previous: Callable[[int, FrameType | None], Any] | int | None = None  # the SIGTERM handler replaced
 
     def __enter__(self) -> Preemption:
         if not self.multi_host:  # there, JAX's runtime listens for the notice itself

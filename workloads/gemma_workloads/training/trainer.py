@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -72,7 +73,7 @@ def prepare_data(config: TrainConfig) -> Data:
     train, held_out = batching.split(kept, ds.eval_fraction, config.seed)
     rows = batching.layout(train, ds.max_seq_len, packing=ds.packing)
     data = batching.Batches(rows, config.micro_batch_size, config.seed, accumulation=config.grad_accumulation)
-    total = config.steps or data.steps_for(config.epochs, config.batch_size)
+    total = config.steps or data.steps_for(config.epochs or 1, config.batch_size)  # epochs is 1 unless set
     if config.warmup_steps >= total:
         raise ConfigError(f"warmup_steps {config.warmup_steps} must be smaller than the {total} training steps")
     evals = []
@@ -122,6 +123,7 @@ class Trainer(peft_trainer.PeftTrainer):
     feed: DataFeed | None = None
     mesh: jax.sharding.Mesh | None = None
     save_times: checkpoints.SaveTimes | None = None
+    _jitted_train_step_fn: Any  # Tunix's: None until its first step compiles
 
     def jit_train_and_eval_step(self, skip_jit: bool = False, cache_nnx_graph: bool = False):
         """Tunix's jitted steps, with the model donated as well as the optimizer: otherwise every
@@ -146,6 +148,7 @@ class Trainer(peft_trainer.PeftTrainer):
         checkpoint can hold its NaNs; the run stops when the step's loss is reported
         (`NonFiniteStep`), which on a TPU is one step later."""
         step, device_mesh = super().create_train_step_fn(), self.mesh
+        assert device_mesh is not None  # set before the trainer's first step
 
         def train_step(model, optimizer, inputs):
             trained = ((model, nnx.LoRAParam), (optimizer, nnx.optimizer.OptState))
@@ -310,7 +313,9 @@ def run(config: TrainConfig) -> Outcome:
                 trainer, data, config, model_config, preemption=preemption, dropout=dropout, device_mesh=device_mesh
             )
             scored = None
-            if data.evaluation and trainer.train_steps >= data.total_steps:  # a restarted finished run does only this
+            if (
+                data.evaluation and data.codec and trainer.train_steps >= data.total_steps
+            ):  # a restarted finished run does only this
                 scored = evaluation.run(trainer.model, config, data.evaluation, data.codec)
     step, latest = trainer.train_steps, trainer.checkpoint_manager.latest_step()
     status, code = ("succeeded", EXIT_OK) if step >= data.total_steps else ("preempted", EXIT_PREEMPTED)

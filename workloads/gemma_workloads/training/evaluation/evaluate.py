@@ -75,6 +75,7 @@ def mean_loss(model: nnx.Module, rows: list[EvalRow], max_seq_len: int, batch_si
 def score(model: nnx.Module, rows: list[EvalRow], config: TrainConfig, codec: TextCodec) -> Scores:
     """The loss and the greedy answers of one model."""
     ev = config.evaluation
+    assert ev is not None  # prepare() gave rows: the config has an evaluation
     with lora.dropout_off(model):
         value = mean_loss(model, rows, config.dataset.max_seq_len, config.micro_batch_size)
         prompts = [r.prompt for r in rows if r.prompt is not None]
@@ -157,7 +158,7 @@ def evaluate(model: nnx.Module, config: TrainConfig, rows: list[EvalRow], codec:
     started = time.perf_counter()
     tuned = score(model, rows, config, codec)
     base = None
-    if config.evaluation.baseline:
+    if config.evaluation is not None and config.evaluation.baseline:
         with lora.adapter_off(model):
             base = score(model, rows, config, codec)
     results = figures(rows, tuned, base)
@@ -181,7 +182,7 @@ def run(model: nnx.Module, config: TrainConfig, rows: list[EvalRow], codec: Text
     """Evaluate, write and log the figures."""
     result = evaluate(model, config, rows, codec)
     folder = write(result, config.output_dir)
-    models = "fine-tuned and base" if config.evaluation.baseline else "fine-tuned"
+    models = "fine-tuned and base" if config.evaluation and config.evaluation.baseline else "fine-tuned"
     log.info("evaluation of %d rows (%s) in %.1f s, predictions in %s", len(rows), models, result.seconds, folder)
     for r in result.results:
         log.info(

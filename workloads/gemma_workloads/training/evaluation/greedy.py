@@ -38,8 +38,9 @@ def generate(
         for i, prompt in enumerate(chunk + [chunk[0]] * (batch_size - len(chunk))):  # filler rows are dropped
             tokens[i, width - len(prompt) :] = prompt
             real[i, width - len(prompt) :] = True
-        cache = model.init_cache(batch_size, width + max_new_tokens, model.config.dtype)
-        ids = np.asarray(_decode(model, jnp.asarray(tokens), jnp.asarray(real), cache, stops, max_new_tokens))
+        # Tunix's Gemma has a KV cache and a config; nnx.Module declares neither.
+        cache = model.init_cache(batch_size, width + max_new_tokens, model.config.dtype)  # type: ignore[attr-defined]
+        ids = np.asarray(_decode(model, jnp.asarray(tokens), jnp.asarray(real), cache, stops, max_new_tokens))  # type: ignore[call-arg]  # nnx.jit's wrapper hides the signature
         for row in ids[: len(chunk)]:
             ended = np.flatnonzero(np.isin(row, list(stop_ids)))
             out.append(row[: ended[0] + 1 if len(ended) else max_new_tokens].tolist())

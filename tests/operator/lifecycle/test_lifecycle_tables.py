@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from gemma_operator.children import merge_objects, serving_objects, training_objects
+from gemma_operator.children import merge, merge_objects, serving, serving_objects, training, training_objects
 from gemma_operator.lifecycle import finetune as finetune_lifecycle
 from gemma_operator.lifecycle import serve as serve_lifecycle
 from gemma_operator.plan import plan_finetune, plan_serve
@@ -217,6 +217,34 @@ def test_a_failed_training_says_why_and_a_recreated_one_is_a_new_attempt():
 
 # ---------------------------------------------------------------------------- GemmaServe
 
+FT_MULTIHOST_PLAN = plan_finetune(
+    "big", NS, finetune("big").tpu("v5p", "2x2x2").training(microBatchSize=2).spec, SETTINGS
+)
+TRAIN_1, TRAIN_2 = (training.names(FT_PLAN, attempt)[0] for attempt in (1, 2))
+# status -> (kind, name, training, earlier_runs): what a reconcile reads before decide().
+FT_READS = [
+    ({}, ("Job", TRAIN_1, True, False)),
+    ({"run": FT_PLAN.run, "attempt": 1, "phase": "Training"}, ("Job", TRAIN_1, True, False)),
+    ({"run": FT_PLAN.run, "attempt": 2, "phase": "Pending"}, ("Job", TRAIN_2, True, False)),
+    ({"run": FT_PLAN.run, "attempt": 2, "phase": "Failed"}, ("Job", TRAIN_2, True, False)),
+    ({"run": FT_PLAN.run, "attempt": 2, "phase": "Merging"}, ("Job", merge.name(FT_PLAN), False, False)),
+    ({"run": FT_PLAN.run, "phase": "Succeeded"}, ("Job", merge.name(FT_PLAN), False, False)),
+    # a new run: its first attempt's training, and the workloads the earlier run may have left
+    ({"run": "older", "attempt": 3, "phase": "Succeeded"}, ("Job", TRAIN_1, True, True)),
+]
+
+
+@pytest.mark.parametrize("status,expected", FT_READS)
+def test_finetune_reads_the_current_attempt_until_trained_then_the_merge(status, expected):
+    r = finetune_lifecycle.reads(status, FT_PLAN)
+    assert (r.kind, r.name, r.training, r.earlier_runs) == expected
+
+
+def test_a_multi_host_fine_tune_reads_its_jobset():
+    r = finetune_lifecycle.reads({}, FT_MULTIHOST_PLAN)
+    assert (r.kind, r.name) == ("JobSet", training.names(FT_MULTIHOST_PLAN, 1)[0])
+
+
 SV_SPEC = serve("chat").fine_tune("ft").spec
 MERGED_URI = "gs://out/ft/merged"
 SV_PLAN = plan_serve("chat", NS, SV_SPEC, SETTINGS, model_uri=MERGED_URI, fine_tune_preset="gemma4-31b")
@@ -315,6 +343,35 @@ SV_TABLE = {
         ("Failed", NONE_SV),
     ],
 }
+
+
+SV_MULTIHOST_PLAN = plan_serve(
+    "big", NS, serve("big").tpu("v6e", "4x4").spec, SETTINGS, model_uri=MERGED_URI, fine_tune_preset="gemma4-31b"
+)
+SV_MONITORED_PLAN = plan_serve(
+    "chat",
+    NS,
+    serve("chat").fine_tune("ft").set("metrics", {"podMonitor": True, "podMonitoring": True}).spec,
+    SETTINGS,
+    model_uri=MERGED_URI,
+    fine_tune_preset="gemma4-31b",
+)
+SV_WAITING_PLAN = plan_serve("chat", NS, SV_SPEC, SETTINGS, fine_tune_preset="gemma4-31b")
+
+
+@pytest.mark.parametrize(
+    "plan,expected",
+    [
+        (SV_WAITING_PLAN, None),  # no model yet: nothing is read
+        (SV_PLAN, ({}, "Deployment")),
+        (SV_MULTIHOST_PLAN, ({"LeaderWorkerSet": True}, "LeaderWorkerSet")),
+        (SV_MONITORED_PLAN, ({"PodMonitor": False, "PodMonitoring": False}, "Deployment")),
+    ],
+)
+def test_serve_reads_its_children_and_the_add_ons_its_plan_needs(plan, expected):
+    r = serve_lifecycle.reads(plan)
+    assert (r and (r.addons, r.workload_kind)) == expected
+    assert r is None or r.name == serving.name(plan)
 
 
 def _serve_prior(phase: str) -> dict:

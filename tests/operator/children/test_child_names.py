@@ -19,7 +19,7 @@ from gemma_operator.settings import OperatorSettings
 from tests.support.builders import finetune, serve
 
 SETTINGS = OperatorSettings()
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # kubernetes apimachinery pkg/util/validation/validation.go: IsDNS1035Label, IsDNS1123Label,
 # IsDNS1123Subdomain and IsValidLabelValue.

@@ -15,6 +15,7 @@ import json
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -230,6 +231,7 @@ def write_dataset(
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for question, answer in examples(n, seed) if pairs is None else pairs:
+            row: dict[str, Any]
             if fmt == "chat":
                 row = {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
             elif fmt == "prompt-completion":  # <bos> written out: the tokenizer adds none (data.py)

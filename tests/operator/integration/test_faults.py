@@ -16,7 +16,7 @@ from gemma_operator.children import merge, training
 from gemma_operator.kube import ApiError, Kube
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
-from tests.operator.test_operator_serve import finish_fine_tune
+from tests.operator.integration.test_operator_serve import finish_fine_tune
 from tests.support.builders import finetune, serve
 from tests.support.cluster import TEST_AGENT
 from tests.support.operator import operator as running_operator

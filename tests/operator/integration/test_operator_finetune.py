@@ -5,10 +5,10 @@ import json
 import subprocess
 import sys
 
+from gemma_devcluster import tiny
 from gemma_operator.children import merge, training
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
-from gemma_workloads import tiny
 from gemma_workloads.config import MergeConfig
 from tests.support.builders import finetune
 from tests.support.operator import settled

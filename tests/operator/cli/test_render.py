@@ -10,7 +10,7 @@ from gemma_operator.children import merge_objects, serving_objects, training_obj
 from gemma_operator.settings import OperatorSettings
 from tests.support.validation import validate_cr, validate_object
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 EXAMPLE_FILES = sorted(p for p in EXAMPLES.rglob("*.yaml") if "gitops" not in p.parts)  # gitops/: Argo CD and Flux
 
 

@@ -22,7 +22,7 @@ from gemma_operator.kube import UNREACHABLE, USER_AGENT, ApiError, Kube
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import Progress
-from tests.operator.test_leader_election import with_ports
+from tests.operator.integration.test_leader_election import with_ports
 from tests.support.builders import finetune
 from tests.support.outage import relay
 from tests.support.process import chart_command, http_status, running, until
