@@ -25,7 +25,8 @@ from pathlib import Path
 
 from etils import epath
 
-from gemma_workloads import model_folder, preflight, tiny
+from gemma_devcluster import tiny
+from gemma_workloads import model_folder, preflight
 from gemma_workloads.config import TrainConfig
 from gemma_workloads.safetensors_io import INDEX, header_bytes, open_checkpoint
 from merge import config_31b  # benchmarks/merge.py: the 31B model's widths and layer pattern

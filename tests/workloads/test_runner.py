@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gemma_workloads import runner, tiny
+from gemma_devcluster import tiny
+from gemma_workloads import runner
 from gemma_workloads.config import EXIT_FAILED, EXIT_INVALID_INPUT
 
 NOT_YAML = {"train": "dataset: {path: x\n", "merge": "base_model_path: [unclosed\n"}

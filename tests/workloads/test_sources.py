@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gemma_workloads import sources, tiny
+from gemma_devcluster import tiny
+from gemma_workloads import sources
 from gemma_workloads.config import EXIT_INVALID_INPUT
 
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from gemma_workloads import runner, tiny
+from gemma_devcluster import tiny
+from gemma_workloads import runner
 from gemma_workloads.config import EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_OK, MergeConfig
 from gemma_workloads.merging import merge_output
 from gemma_workloads.merging import merger as merge

@@ -14,7 +14,8 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from gemma_workloads import runner, tiny
+from gemma_devcluster import tiny
+from gemma_workloads import runner
 from gemma_workloads.config import EXIT_FAILED, EXIT_OK, LoraConfig, TrainConfig
 from gemma_workloads.data import DataError, TextCodec
 from gemma_workloads.training import lora, mesh

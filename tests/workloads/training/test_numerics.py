@@ -12,8 +12,9 @@ import numpy as np
 import optax
 import pytest
 
+from gemma_devcluster import tiny
 from gemma_operator.failure_policy import Action, action_for
-from gemma_workloads import runner, tiny
+from gemma_workloads import runner
 from gemma_workloads.config import EXIT_FAILED, EXIT_OK, TrainConfig, TrainResult
 from gemma_workloads.training import trainer as train
 from tests.workloads.training.test_train import lora_params

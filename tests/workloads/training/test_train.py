@@ -17,7 +17,8 @@ import optax
 import pytest
 from flax import nnx
 
-from gemma_workloads import runner, tiny
+from gemma_devcluster import tiny
+from gemma_workloads import runner
 from gemma_workloads.config import (
     EXIT_INVALID_INPUT,
     EXIT_OK,
