@@ -34,6 +34,7 @@ from typing import Any
 
 import kubernetes
 
+from gemma_operator import retries
 from gemma_operator.kube import CLIENT_ERRORS, REQUEST_TIMEOUT, ApiError, api_error
 
 log = logging.getLogger("gemma_operator.leader")
@@ -69,7 +70,7 @@ class Elector:
         self._record: tuple | None = None  # (holder, renewTime, resourceVersion) last seen
         self._seen = 0.0
         self._renewed: float | None = None  # when the request of our last successful write was sent
-        self._failing = False
+        self._outage = retries.Outage(f"leader election (Lease {namespace}/{name})", log)
 
     def holds(self) -> bool:
         """Whether this replica may still act as the leader: it renewed within the deadline."""
@@ -150,13 +151,9 @@ class Elector:
         try:
             won = self.try_acquire_or_renew(timeout)
         except ApiError as e:
-            if not self._failing:
-                log.warning("leader election: the Lease cannot be read or written, retrying: %s", e)
-            self._failing = True
+            self._outage.failed(e)
             return False
-        if self._failing:
-            log.warning("leader election: the API answers again")
-        self._failing = False
+        self._outage.recovered()
         return won
 
     def acquire(self, stop: threading.Event) -> bool:

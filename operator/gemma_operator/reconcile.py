@@ -335,7 +335,7 @@ class Controller:
         """Re-visit unfinished CRs: live progress and chip-hours. While the API cannot be reached,
         that is logged once, the pause between polls doubles up to POLL_BACKOFF_CAP, and the first
         poll that works again says so."""
-        outage = Outage("the poller")
+        outage = retries.Outage("the poller", log)
         while not (stop and stop.is_set()):
             await asyncio.sleep(outage.pause(self.settings.progress_poll_seconds))
             try:
@@ -377,30 +377,6 @@ class WatchedChildren:
 
     def get(self, kind: str, namespace: str, name: str) -> dict | object:
         return self._objects.get((kind, namespace, name), UNREAD)
-
-
-POLL_BACKOFF_CAP = 60.0  # seconds between polls at most, while the API cannot be reached
-
-
-class Outage:
-    """A background task's view of API failures: logged when they start and when they end, not at
-    every attempt, with a pause that doubles while they last."""
-
-    def __init__(self, task: str) -> None:
-        self.task, self.failures = task, 0
-
-    def pause(self, period: float) -> float:
-        return period if not self.failures else min(POLL_BACKOFF_CAP, period * 2**self.failures)
-
-    def failed(self, error: ApiError) -> None:
-        if not self.failures:
-            log.warning("%s cannot reach the API, retrying with back-off: %s", self.task, error)
-        self.failures += 1
-
-    def recovered(self) -> None:
-        if self.failures:
-            log.warning("%s reaches the API again after %d failed attempt(s)", self.task, self.failures)
-        self.failures = 0
 
 
 def serve_plan(

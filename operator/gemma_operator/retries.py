@@ -11,6 +11,7 @@ ran, resets the back-off and makes a pending retry unnecessary.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Hashable
 
 from gemma_operator.kube import ApiError
@@ -57,3 +58,27 @@ class Retries:
         await asyncio.sleep(wait)
         self._pending.pop(key, None)
         await run()
+
+
+POLL_BACKOFF_CAP = 60.0  # seconds between attempts at most, while the API cannot be reached
+
+
+class Outage:
+    """A background task's view of API failures: logged when they start and when they end, not at
+    every attempt, with a pause that doubles while they last."""
+
+    def __init__(self, task: str, log: logging.Logger) -> None:
+        self.task, self.log, self.failures = task, log, 0
+
+    def pause(self, period: float) -> float:
+        return period if not self.failures else min(POLL_BACKOFF_CAP, period * 2**self.failures)
+
+    def failed(self, error: ApiError) -> None:
+        if not self.failures:
+            self.log.warning("%s cannot reach the API, retrying with back-off: %s", self.task, error)
+        self.failures += 1
+
+    def recovered(self) -> None:
+        if self.failures:
+            self.log.warning("%s reaches the API again after %d failed attempt(s)", self.task, self.failures)
+        self.failures = 0

@@ -25,6 +25,16 @@ T0 = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
 COMPLETE = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True", "reason": "CompletionsReached"}]}
 
 
+# A Deployment of generation 1 whose one replica is ready and updated, as the deployment controller reports it.
+DEPLOYMENT_READY = {
+    "observedGeneration": 1,
+    "replicas": 1,
+    "readyReplicas": 1,
+    "updatedReplicas": 1,
+    "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}],
+}
+
+
 def pod(phase: str, container: str, terminated: dict | None = None) -> dict:
     state = {"terminated": terminated} if terminated else {"running": {}}
     return {
@@ -128,13 +138,7 @@ def serve_statuses() -> dict[str, dict]:
     plan = plan_serve("chat", NS, spec, SETTINGS, model_uri="gs://out/ft/merged", fine_tune_preset="gemma4-31b")
     deployment = serving_objects(plan, SETTINGS)[0]
     deployment["metadata"]["generation"] = 1
-    ready = {
-        "observedGeneration": 1,
-        "replicas": 1,
-        "readyReplicas": 1,
-        "updatedReplicas": 1,
-        "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}],
-    }
+    ready = DEPLOYMENT_READY
     out["Ready"] = _serve(spec, out["Deploying"], done, workload=with_status(deployment, ready))
     deadline = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "timed out"}
     stuck = {**ready, "readyReplicas": 1, "updatedReplicas": 1, "conditions": [deadline]}

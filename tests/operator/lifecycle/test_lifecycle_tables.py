@@ -15,7 +15,17 @@ from gemma_operator.lifecycle import finetune as finetune_lifecycle
 from gemma_operator.lifecycle import serve as serve_lifecycle
 from gemma_operator.plan import plan_finetune, plan_serve
 from tests.support.builders import finetune, serve
-from tests.support.phases import COMPLETE, NS, SETTINGS, T0, finetune_statuses, pod, serve_statuses, with_status
+from tests.support.phases import (
+    COMPLETE,
+    DEPLOYMENT_READY,
+    NS,
+    SETTINGS,
+    T0,
+    finetune_statuses,
+    pod,
+    serve_statuses,
+    with_status,
+)
 
 # ---------------------------------------------------------------------------- GemmaFineTune
 
@@ -250,13 +260,7 @@ MERGED_URI = "gs://out/ft/merged"
 SV_PLAN = plan_serve("chat", NS, SV_SPEC, SETTINGS, model_uri=MERGED_URI, fine_tune_preset="gemma4-31b")
 DEPLOYMENT = {**serving_objects(SV_PLAN, SETTINGS)[0]}
 DEPLOYMENT["metadata"] = {**DEPLOYMENT["metadata"], "generation": 1}
-READY = {
-    "observedGeneration": 1,
-    "replicas": 1,
-    "readyReplicas": 1,
-    "updatedReplicas": 1,
-    "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}],
-}
+READY = DEPLOYMENT_READY
 ROLLING = {
     "observedGeneration": 1,
     "replicas": 1,
