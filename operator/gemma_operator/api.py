@@ -109,6 +109,13 @@ class Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True)
 
 
+class StatusModel(Model):
+    """A part of a status: the operator's own record, read back on every reconcile. A field it does
+    not know (written by another version of the operator) is kept as it is, not refused."""
+
+    model_config = ConfigDict(extra="allow")
+
+
 # ---------------------------------------------------------------------------- shared pieces
 
 
@@ -172,7 +179,7 @@ class Images(Model):
     ] = None
 
 
-class Condition(Model):
+class Condition(StatusModel):
     """A Kubernetes condition (the metav1.Condition shape)."""
 
     type: Annotated[
@@ -191,7 +198,7 @@ class Condition(Model):
     ] = None
 
 
-class ObservedStatus(Model):
+class ObservedStatus(StatusModel):
     """What both kinds' status says: the operator's last word, for people and for tools."""
 
     message: Annotated[
@@ -223,7 +230,7 @@ class Evaluation(Model):
     ] = True
 
 
-class MetricFigure(Model):
+class MetricFigure(StatusModel):
     """One evaluation figure of a run, with the base model's on the same rows."""
 
     name: Annotated[
@@ -235,7 +242,7 @@ class MetricFigure(Model):
     rows: Annotated[int, Field(description="Rows the figure was computed on.")]
 
 
-class RunEvaluation(Model):
+class RunEvaluation(StatusModel):
     """The evaluation figures of one run."""
 
     run: Annotated[StatusRun, Field(description="The run that computed these figures.")]
@@ -245,7 +252,7 @@ class RunEvaluation(Model):
     ] = Field(default_factory=list)
 
 
-class FineTuneRun(Model):
+class FineTuneRun(StatusModel):
     """A run whose merged output exists: what a GemmaServe can serve, roll back to, or gate."""
 
     run: Annotated[StatusRun, Field(description="Run id: a hash of the training inputs.")]
@@ -470,7 +477,7 @@ class GemmaFineTuneSpec(Model):
         return self
 
 
-class Progress(Model):
+class Progress(StatusModel):
     """Live training progress, read from the training pod's log."""
 
     step: Annotated[int, Field(description="The last optimizer step reported.")] = 0
@@ -479,7 +486,7 @@ class Progress(Model):
     tokens_per_second: Annotated[float | None, Field(description="Training throughput over the slice.")] = None
 
 
-class FineTuneOutputs(Model):
+class FineTuneOutputs(StatusModel):
     """What the current run has written."""
 
     checkpoint: Annotated[StatusUri | None, Field(description="The final LoRA checkpoint (Orbax).")] = None
@@ -493,7 +500,7 @@ class FineTuneOutputs(Model):
     ] = None
 
 
-class FineTuneChildren(Model):
+class FineTuneChildren(StatusModel):
     """The names of the objects the operator created for the current run."""
 
     config_map: Annotated[StatusName | None, Field(description="The workload config's ConfigMap.")] = None

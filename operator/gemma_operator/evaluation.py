@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from gemma_operator import api, reasons
+from gemma_operator.status import written
 from gemma_workloads.config import MetricResult, TrainResult
 
 # The headline of `kubectl get gft`: the one figure every evaluation has (each row has answer
@@ -77,12 +78,11 @@ def describe(run: str, metrics: list[dict[str, Any]]) -> str:
     return f"run {run}: " + ", ".join(f"{_figure(m)}" + ("" if on else f" [{m['rows']} rows]") for m in metrics) + on
 
 
-def status_of(run: str, metrics: list[dict[str, Any]]) -> dict[str, Any]:
+def status_of(run: str, metrics: list[dict[str, Any]]) -> api.RunEvaluation:
     """`status.evaluation`: the run's figures and their headline."""
-    out: dict[str, Any] = {"run": run, "metrics": metrics}
-    if text := summary(metrics):
-        out["summary"] = text
-    return out
+    return api.RunEvaluation(
+        run=run, metrics=[api.MetricFigure.model_validate(m) for m in metrics], summary=summary(metrics)
+    )
 
 
 def record_run(runs: list[dict[str, Any]], run: str, merged: str, at: str, metrics: list[dict] | None) -> list[dict]:
@@ -107,7 +107,7 @@ def runs_of(fine_tune_status: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def record_evaluation(
-    st: dict[str, Any], run: str, results: list[MetricResult] | None, expected: bool
+    st: api.GemmaFineTuneStatus, run: str, results: list[MetricResult] | None, expected: bool
 ) -> list[tuple[str, str, str]]:
     """Put a finished training run's figures in `status.evaluation`; the Events that say so."""
     metrics, dropped = figures(results)
@@ -118,7 +118,7 @@ def record_evaluation(
             ("Warning", reasons.EVALUATION_NOT_FINITE, f"run {run}: figures that are not finite, left out: {left_out}")
         )
     if results is not None:  # evaluated, even if nothing usable came of it: a gate then names what is missing
-        st["evaluation"] = status_of(run, metrics)
+        st.evaluation = status_of(run, metrics)
     if metrics:
         events.append(("Normal", reasons.EVALUATED, describe(run, metrics)))
     elif expected and results is None:
@@ -127,18 +127,19 @@ def record_evaluation(
     return events
 
 
-def record_merged_run(st: dict[str, Any], run: str, at: str) -> None:
+def record_merged_run(st: api.GemmaFineTuneStatus, run: str, at: str) -> None:
     """Keep a succeeded run whose merged output exists in `status.runs`, with its figures."""
-    merged = (st.get("outputs") or {}).get("merged")
-    if st.get("phase") != reasons.SUCCEEDED or not merged:
+    merged = st.outputs.merged if st.outputs else None
+    if st.phase != reasons.SUCCEEDED or not merged:
         return
-    ev = st.get("evaluation") or {}
+    ev = st.evaluation
+    before = [written(r) for r in st.runs]
     runs = record_run(
-        st.get("runs") or [],
+        before,
         run,
         merged,
-        st.get("completionTime") or at,
-        ev.get("metrics") if ev.get("run") == run else None,
+        st.completion_time or at,
+        [written(m) for m in ev.metrics] if ev and ev.run == run else None,
     )
-    if runs != st.get("runs"):
-        st["runs"] = runs
+    if runs != before:
+        st.runs = [api.FineTuneRun.model_validate(r) for r in runs]

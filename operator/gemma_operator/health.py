@@ -9,10 +9,8 @@ from their phase here, in one place, after their lifecycle has decided, so they 
 
 from __future__ import annotations
 
-from typing import Any
-
-from gemma_operator import reasons
-from gemma_operator.conditions import condition
+from gemma_operator import api, reasons
+from gemma_operator.conditions import find
 
 DONE = (reasons.SUCCEEDED, reasons.READY)  # the phases in which the resource is what its spec asks for
 IDLE = (reasons.SUSPENDED,)  # not done, and nothing is being worked on until the spec changes
@@ -29,30 +27,33 @@ STALLING = (
 )
 
 
-def stalled_reason(status: dict[str, Any]) -> str | None:
+Status = api.GemmaFineTuneStatus | api.GemmaServeStatus
+
+
+def stalled_reason(status: Status) -> str | None:
     """Why the resource cannot get on by itself, or None."""
-    conditions = status.get("conditions")
-    failed = status.get("phase") == reasons.FAILED
-    if failed and (condition(conditions, reasons.INVALID_SPEC) or {}).get("status") == "True":
+    failed = status.phase == reasons.FAILED
+    if failed and _is(status, reasons.INVALID_SPEC, "True"):
         return reasons.INVALID_SPEC
-    if failed and (condition(conditions, reasons.FAILED) or {}).get("status") == "True":
-        return (condition(conditions, reasons.FAILED) or {})["reason"]
-    if (
-        status.get("phase") == reasons.PENDING
-        and (condition(conditions, reasons.DEPENDENCY_MISSING) or {}).get("status") == "True"
-    ):
+    if failed and (gave_up := find(status.conditions, reasons.FAILED)) and gave_up.status == "True":
+        return gave_up.reason
+    if status.phase == reasons.PENDING and _is(status, reasons.DEPENDENCY_MISSING, "True"):
         return reasons.DEPENDENCY_MISSING  # held until an add-on is installed (addons.py): nothing moves meanwhile
     for type_, value, reason in STALLING:
-        found = condition(conditions, type_) or {}
-        if found.get("status") == value and found.get("reason") == reason:
+        if _is(status, type_, value, reason):
             return reason
     return reasons.FAILED if failed else None
 
 
-def kstatus_conditions(status: dict[str, Any]) -> list[tuple[str, bool, str, str]]:
+def _is(status: Status, type_: str, value: str, reason: str | None = None) -> bool:
+    found = find(status.conditions, type_)
+    return found is not None and found.status == value and reason in (None, found.reason)
+
+
+def kstatus_conditions(status: Status) -> list[tuple[str, bool, str, str]]:
     """(type, value, reason, message) of Ready, Reconciling and Stalled for this status."""
-    phase = status.get("phase") or reasons.PENDING
-    message = status.get("message") or phase
+    phase = status.phase or reasons.PENDING
+    message = status.message or phase
     stalled = stalled_reason(status)
     ready = phase in DONE and stalled is None
     reconciling = not ready and stalled is None and phase not in IDLE

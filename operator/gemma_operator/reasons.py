@@ -4,20 +4,20 @@ reason; a test holds the two equal)."""
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Final, Literal, get_args
 
 # The phases of a GemmaFineTune and of a GemmaServe (status.phase).
 FineTunePhase = Literal["Pending", "Training", "Merging", "Succeeded", "Failed", "Suspended"]
 ServePhase = Literal["Pending", "WaitingForModel", "Deploying", "Ready", "Failed"]
-PENDING = "Pending"
-TRAINING = "Training"
-MERGING = "Merging"
-SUCCEEDED = "Succeeded"
-FAILED = "Failed"
-SUSPENDED = "Suspended"
-WAITING_FOR_MODEL = "WaitingForModel"
-DEPLOYING = "Deploying"
-READY = "Ready"
+PENDING: Final = "Pending"
+TRAINING: Final = "Training"
+MERGING: Final = "Merging"
+SUCCEEDED: Final = "Succeeded"
+FAILED: Final = "Failed"
+SUSPENDED: Final = "Suspended"
+WAITING_FOR_MODEL: Final = "WaitingForModel"
+DEPLOYING: Final = "Deploying"
+READY: Final = "Ready"
 FINETUNE_PHASES: tuple[str, ...] = get_args(FineTunePhase)
 SERVE_PHASES: tuple[str, ...] = get_args(ServePhase)
 

@@ -178,13 +178,13 @@ class Controller:
         view = await self._observe_finetune(body, seen)
         decision = finetune_lifecycle.decide(view, self.settings)
         written = await self._apply(body, decision, seen)
-        st = decision.status
-        self.tracker.observe(api.FINETUNE.kind, namespace, name, st.get("phase"))
+        st = decision.status_model
+        self.tracker.observe(api.FINETUNE.kind, namespace, name, st.phase)
         if view.plan:
-            held = view.plan.placement.chips if st.get("phase") == reasons.TRAINING else 0
+            held = view.plan.placement.chips if st.phase == reasons.TRAINING else 0
             self.tracker.chips(namespace, name, view.plan.placement.accelerator, held)
-            added = float(st.get("chipHours") or 0) - float((body.get("status") or {}).get("chipHours") or 0)
-            if added > 0 and st.get("run") == (body.get("status") or {}).get("run"):
+            added = (st.chip_hours or 0) - float((body.get("status") or {}).get("chipHours") or 0)
+            if added > 0 and st.run == (body.get("status") or {}).get("run"):
                 prometheus_metrics.CHIP_HOURS.labels(view.plan.placement.accelerator).inc(added)
         return written
 
@@ -289,12 +289,12 @@ class Controller:
             view.refusal = await self._refusal(view.workload, view.pods)
         decision = serve_lifecycle.decide(view, self.settings)
         written = await self._apply(body, decision, seen)
-        self.tracker.observe(api.SERVE.kind, namespace, name, decision.status.get("phase"))
+        self.tracker.observe(api.SERVE.kind, namespace, name, decision.status_model.phase)
         return written
 
     # ------------------------------------------------------------------ applying
 
-    async def _apply(self, body: dict, d: Decision, seen: Seen) -> str | None:
+    async def _apply(self, body: dict, d: Decision[Any], seen: Seen) -> str | None:
         """Write what the decision asks, children first. Its Events go before the status that
         records the phase change, so a failed reconcile (retried) posts them again, once. The
         status write tests the conditions the decision was made on: a condition another controller
@@ -322,10 +322,10 @@ class Controller:
                 if e.transient:
                     raise  # retried with the reconcile, before the status moves on
                 log.warning("could not post event %s on %s %s/%s: %s", reason, body["kind"], namespace, meta["name"], e)
-        before = body.get("status") or {}
-        if before == d.status:
+        before, after = body.get("status") or {}, d.status
+        if before == after:
             return None
-        ops = status_patch(before, d.status, meta["resourceVersion"])
+        ops = status_patch(before, after, meta["resourceVersion"])
         written = await self.kube.patch_json(body["kind"], namespace, meta["name"], ops, status=True)
         return written["metadata"]["resourceVersion"]
 

@@ -14,27 +14,28 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from gemma_operator import evaluation, failure_policy, reasons
+from gemma_operator import api, evaluation, failure_policy, reasons
+from gemma_operator.api import GemmaFineTuneStatus as Status
 from gemma_operator.children import merge, merge_objects, training, training_objects
 from gemma_operator.clock import parse_time, timestamp
-from gemma_operator.conditions import condition
+from gemma_operator.conditions import find
 from gemma_operator.lifecycle.common import Decision, ResourceView, decide_with, set_cond
 from gemma_operator.plan import FineTunePlan
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import MergeResult, Progress, TrainResult
 
 ACCOUNT_EVERY = 60  # seconds between chip-hour updates of a running workload
-RUN_FIELDS = (
+RUN_FIELDS = (  # of the status: what belongs to one run, cleared when a new run starts
     "progress",
     "outputs",
-    "startTime",
-    "completionTime",
-    "chipHours",
-    "estimatedCost",
+    "start_time",
+    "completion_time",
+    "chip_hours",
+    "estimated_cost",
     "restarts",
     "preemptions",
     "children",
-    "accountedAt",
+    "accounted_at",
     "evaluation",
 )
 RUN_CONDITIONS = (reasons.TRAINING_COMPLETE, reasons.MERGED, reasons.COMPLETE, reasons.FAILED, reasons.SUSPENDED)
@@ -84,42 +85,41 @@ def reads(status: dict[str, Any], plan: FineTunePlan) -> Reads:
     return Reads("JobSet" if plan.multi_host else "Job", training.names(plan, attempt)[0], True, earlier)
 
 
-def decide(v: FineTuneView, settings: OperatorSettings) -> Decision:
+def decide(v: FineTuneView, settings: OperatorSettings) -> Decision[Status]:
     return decide_with(
         v,
+        Status,
         lambda d: _advance(v, d, settings),
         lambda st, message: _fail(v, st, reasons.INVALID_SPEC, f"invalid spec: {message}"),
     )
 
 
-def _advance(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
-    st, p = d.status, v.valid_plan
-    st["model"], st["topology"] = p.model_label, p.placement.label
-    if st.get("run") != p.run:
-        if st.get("run"):
-            d.events.append(
-                ("Normal", reasons.NEW_RUN, f"the training inputs changed: run {p.run} replaces {st['run']}")
-            )
+def _advance(v: FineTuneView, d: Decision[Status], settings: OperatorSettings) -> None:
+    st, p = d.status_model, v.valid_plan
+    st.model, st.topology = p.model_label, p.placement.label
+    if st.run != p.run:
+        if st.run:
+            d.events.append(("Normal", reasons.NEW_RUN, f"the training inputs changed: run {p.run} replaces {st.run}"))
         for key in RUN_FIELDS:
-            st.pop(key, None)
-        st["conditions"] = [c for c in st.get("conditions", []) if c["type"] not in RUN_CONDITIONS]
-        st.update(run=p.run, attempt=1, phase=reasons.PENDING)
+            setattr(st, key, None)
+        st.conditions = [c for c in st.conditions if c.type not in RUN_CONDITIONS]
+        st.run, st.attempt, st.phase = p.run, 1, reasons.PENDING
         d.delete += [w for w in v.stale if failure_policy.outcome(w).state in ACTIVE_STATES]
-    failed = condition(st.get("conditions"), reasons.FAILED)
-    if st.get("phase") == reasons.FAILED and failed and failed.get("reason") == reasons.INVALID_SPEC:
-        st["phase"] = reasons.PENDING  # the spec was fixed: carry on where the run stood
-        st["conditions"] = [c for c in st["conditions"] if c["type"] != reasons.FAILED]
-    phase = st.get("phase") or reasons.PENDING
+    failed = find(st.conditions, reasons.FAILED)
+    if st.phase == reasons.FAILED and failed and failed.reason == reasons.INVALID_SPEC:
+        st.phase = reasons.PENDING  # the spec was fixed: carry on where the run stood
+        st.conditions = [c for c in st.conditions if c.type != reasons.FAILED]
+    phase = st.phase or reasons.PENDING
     if phase in (reasons.PENDING, reasons.TRAINING, reasons.SUSPENDED):
         _training(v, d, settings)
     elif phase == reasons.MERGING:
         _merging(v, d, settings)
     elif phase == reasons.SUCCEEDED and p.spec.merge.enabled and not _merge_outputs_current(st, p):
-        _start_merge(v, d, settings, (st.get("outputs") or {}).get("step"))  # merge settings changed
+        _start_merge(v, d, settings, _trained_step(st))  # merge settings changed
     evaluation.record_merged_run(st, p.run, timestamp(v.now))
 
 
-def _training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
+def _training(v: FineTuneView, d: Decision[Status], settings: OperatorSettings) -> None:
     """The training workload: created (again, when it disappeared), kept as the spec wants it, and
     followed to its outcome."""
     if v.training is None:
@@ -129,15 +129,15 @@ def _training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
     _follow_training(v, d, settings, v.training, outcome)
 
 
-def _create_training(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
+def _create_training(v: FineTuneView, d: Decision[Status], settings: OperatorSettings) -> None:
     """The workload of the current attempt, or of the next one when it was created before and is
     gone (while the retry budget lasts)."""
-    st, p = d.status, v.valid_plan
-    attempt = int(st.get("attempt") or 1)
+    st, p = d.status_model, v.valid_plan
+    attempt = st.attempt or 1
     name, _ = training.names(p, attempt)
-    created_before = (st.get("children") or {}).get("training") == name
+    created_before = st.children is not None and st.children.training == name
     if created_before and not p.spec.suspend:
-        restarts = int(st.get("restarts") or 0) + 1
+        restarts = (st.restarts or 0) + 1
         if restarts > p.spec.backoff_limit:
             _fail(
                 v,
@@ -147,7 +147,7 @@ def _create_training(v: FineTuneView, d: Decision, settings: OperatorSettings) -
             )
             return
         attempt += 1
-        st.update(attempt=attempt, restarts=restarts)
+        st.attempt, st.restarts = attempt, restarts
         d.events.append(
             (
                 "Warning",
@@ -156,24 +156,26 @@ def _create_training(v: FineTuneView, d: Decision, settings: OperatorSettings) -
             )
         )
         name, _ = training.names(p, attempt)
-    budget = max(0, p.spec.backoff_limit - int(st.get("restarts") or 0))  # what earlier attempts left
+    budget = max(0, p.spec.backoff_limit - (st.restarts or 0))  # what earlier attempts left
     d.create += training_objects(p, settings, v.owner, attempt, budget)
-    st.setdefault("children", {}).update(configMap=name, training=name)
-    st["phase"] = reasons.SUSPENDED if p.spec.suspend else reasons.PENDING
-    st["message"] = "suspended" if p.spec.suspend else f"created {name}"
+    _record_training(st, name)
+    st.phase = reasons.SUSPENDED if p.spec.suspend else reasons.PENDING
+    st.message = "suspended" if p.spec.suspend else f"created {name}"
     _cond(v, st, reasons.SUSPENDED, p.spec.suspend, reasons.SUSPENDED if p.spec.suspend else reasons.RUNNING, "")
 
 
-def _keep_training(v: FineTuneView, d: Decision, settings: OperatorSettings, wl: dict) -> failure_policy.Outcome:
+def _keep_training(
+    v: FineTuneView, d: Decision[Status], settings: OperatorSettings, wl: dict
+) -> failure_policy.Outcome:
     """The workload as the spec wants it (re-applied, suspended or resumed) and what it counts:
     restarts, preemptions, chip-hours. Returns its outcome."""
-    st, p = d.status, v.valid_plan
-    attempt = int(st.get("attempt") or 1)
+    st, p = d.status_model, v.valid_plan
+    attempt = st.attempt or 1
     name, _ = training.names(p, attempt)
-    st.setdefault("children", {}).update(configMap=name, training=name)  # recorded whatever wrote it
+    _record_training(st, name)  # recorded whatever wrote it
     outcome = failure_policy.outcome(wl)
     if outcome.state in ACTIVE_STATES:  # re-applied: labels and config changed by others come back
-        budget = max(0, p.spec.backoff_limit - int(st.get("restarts") or 0))
+        budget = max(0, p.spec.backoff_limit - (st.restarts or 0))
         d.create += training_objects(p, settings, v.owner, attempt, budget)
     wish = str(p.spec.suspend).lower()
     asked = (wl["metadata"].get("annotations") or {}).get(training.SUSPEND_ANNOTATION)
@@ -186,9 +188,9 @@ def _keep_training(v: FineTuneView, d: Decision, settings: OperatorSettings, wl:
             )
         )
     budget_left = training.restart_budget(wl)
-    st["restarts"] = max(int(st.get("restarts") or 0), p.spec.backoff_limit - budget_left + outcome.restarts)
-    st["preemptions"] = max(
-        int(st.get("preemptions") or 0),
+    st.restarts = max(st.restarts or 0, p.spec.backoff_limit - budget_left + outcome.restarts)
+    st.preemptions = max(
+        st.preemptions or 0,
         outcome.preemptions,
         sum(failure_policy.is_preemption(pod) for pod in v.training_pods),
     )
@@ -198,38 +200,35 @@ def _keep_training(v: FineTuneView, d: Decision, settings: OperatorSettings, wl:
 
 
 def _follow_training(
-    v: FineTuneView, d: Decision, settings: OperatorSettings, wl: dict, outcome: failure_policy.Outcome
+    v: FineTuneView, d: Decision[Status], settings: OperatorSettings, wl: dict, outcome: failure_policy.Outcome
 ) -> None:
     """The phase and message that follow from the workload's outcome."""
-    st, p = d.status, v.valid_plan
-    name, _ = training.names(p, int(st.get("attempt") or 1))
+    st, p = d.status_model, v.valid_plan
+    name, _ = training.names(p, st.attempt or 1)
     if outcome.state == reasons.SUCCEEDED:
         _trained(v, d, settings)
     elif outcome.state == reasons.FAILED:
         _fail(v, st, outcome.reason or reasons.TRAINING_FAILED, _failure_message(v.training_pods, outcome))
     elif p.spec.suspend:
-        st.update(
-            phase=reasons.SUSPENDED, message="suspended: checkpoints are kept and training resumes from the latest"
-        )
+        st.phase = reasons.SUSPENDED
+        st.message = "suspended: checkpoints are kept and training resumes from the latest"
     elif outcome.state == reasons.SUSPENDED:  # suspended by its queue (Kueue) until admitted
-        st.update(phase=reasons.PENDING, message=f"queued: {wl['kind']} {name} waits for admission")
+        st.phase, st.message = reasons.PENDING, f"queued: {wl['kind']} {name} waits for admission"
     elif outcome.state == reasons.RUNNING:
         _running(v, st)
     else:
-        st["phase"] = reasons.PENDING
-        st["message"] = _scheduling_message(v.training_pods) or f"waiting for {wl['kind']} {name} to start"
+        st.phase = reasons.PENDING
+        st.message = _scheduling_message(v.training_pods) or f"waiting for {wl['kind']} {name} to start"
 
 
-def _trained(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
+def _trained(v: FineTuneView, d: Decision[Status], settings: OperatorSettings) -> None:
     """The training's outputs, progress and evaluation recorded; then the merge, or success."""
-    st, p = d.status, v.valid_plan
+    st, p = d.status_model, v.valid_plan
     result = _train_result(v.training_pods)
     step = result.step if result else None
-    st["outputs"] = {
-        k: w for k, w in {"checkpoint": result and result.checkpoint, "step": step}.items() if w is not None
-    }
+    st.outputs = api.FineTuneOutputs(checkpoint=result.checkpoint if result else None, step=step)
     if result:
-        st["progress"] = _progress_dict(result.step, result.total_steps, result.loss, result.tokens_per_second)
+        st.progress = _progress(result.step, result.total_steps, result.loss, result.tokens_per_second)
     d.events += evaluation.record_evaluation(
         st, p.run, result.evaluation if result else None, p.spec.evaluation is not None
     )
@@ -240,37 +239,35 @@ def _trained(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
         _succeed(v, st, "training finished (merge disabled)")
 
 
-def _running(v: FineTuneView, st: dict[str, Any]) -> None:
+def _running(v: FineTuneView, st: Status) -> None:
     """Training: the start time, and the latest progress the workload reported."""
-    st.setdefault("startTime", timestamp(v.now))
-    st["phase"] = reasons.TRAINING
+    st.start_time = st.start_time or timestamp(v.now)
+    st.phase = reasons.TRAINING
     if v.progress:
-        st["progress"] = _progress_dict(
-            v.progress.step, v.progress.total_steps, v.progress.loss, v.progress.tokens_per_second
-        )
-    prog = st.get("progress") or {}
-    st["message"] = (
-        f"step {prog['step']}/{prog.get('totalSteps', '?')}"
-        + (f", loss {prog['loss']:.4f}" if prog.get("loss") is not None else "")
+        st.progress = _progress(v.progress.step, v.progress.total_steps, v.progress.loss, v.progress.tokens_per_second)
+    prog = st.progress
+    st.message = (
+        f"step {prog.step}/{prog.total_steps if prog.total_steps is not None else '?'}"
+        + (f", loss {prog.loss:.4f}" if prog.loss is not None else "")
         if prog
         else "training started"
     )
 
 
-def _merging(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
-    st, p = d.status, v.valid_plan
+def _merging(v: FineTuneView, d: Decision[Status], settings: OperatorSettings) -> None:
+    st, p = d.status_model, v.valid_plan
     if v.merge is None:
-        _start_merge(v, d, settings, (st.get("outputs") or {}).get("step"))  # lost: the merge resumes
+        _start_merge(v, d, settings, _trained_step(st))  # lost: the merge resumes
         return
     outcome = failure_policy.outcome(v.merge)
     if outcome.state in ACTIVE_STATES:  # re-applied: labels and config changed by others come back
-        d.create += merge_objects(p, settings, v.owner, (st.get("outputs") or {}).get("step"))
+        d.create += merge_objects(p, settings, v.owner, _trained_step(st))
     if outcome.state == reasons.SUCCEEDED:
         result = _merge_result(v.merge_pods)
-        written = _record_merge_outputs(st, p, result)
+        written, outputs = _record_merge_outputs(st, p, result)
         detail = (
             f": {result.tensors_merged} tensors merged in {result.seconds:.0f} s"
-            if result and result.seconds is not None and "merged" in st["outputs"]
+            if result and result.seconds is not None and outputs.merged is not None
             else ""
         )
         if result and result.adapter_error:
@@ -281,41 +278,50 @@ def _merging(v: FineTuneView, d: Decision, settings: OperatorSettings) -> None:
     elif outcome.state == reasons.FAILED:
         _fail(v, st, reasons.MERGE_FAILED, _failure_message(v.merge_pods, outcome))
     else:
-        st.update(phase=reasons.MERGING, message=f"merging the adapter into {p.merged_dir}")
+        st.phase, st.message = reasons.MERGING, f"merging the adapter into {p.merged_dir}"
 
 
-def _merge_outputs_current(st: dict, p: FineTunePlan) -> bool:
+def _merge_outputs_current(st: Status, p: FineTunePlan) -> bool:
     """Whether status names the output this spec's merge must leave (an adapter the merge could not
     write does not count: it is reported, not retried)."""
-    outputs = st.get("outputs") or {}
+    outputs = st.outputs or api.FineTuneOutputs()
     if p.spec.merge.output == "adapter":
-        return outputs.get("adapter") == p.adapter_dir
-    return outputs.get("merged") == p.merged_dir
+        return outputs.adapter == p.adapter_dir
+    return outputs.merged == p.merged_dir
 
 
-def _record_merge_outputs(st: dict, p: FineTunePlan, result: MergeResult | None) -> str:
+def _record_merge_outputs(st: Status, p: FineTunePlan, result: MergeResult | None) -> tuple[str, api.FineTuneOutputs]:
     """status.outputs of a finished merge (URIs, not the paths inside the merge pod); returns what it says."""
-    outputs = st.setdefault("outputs", {})
-    outputs.pop("merged", None)
-    outputs.pop("adapter", None)
-    if p.spec.merge.output != "adapter":
-        outputs["merged"] = p.merged_dir
+    outputs = st.outputs = st.outputs or api.FineTuneOutputs()
+    outputs.merged = p.merged_dir if p.spec.merge.output != "adapter" else None
     # An adapter-only merge fails rather than succeed without one.
-    if p.spec.merge.output == "adapter" or (p.spec.merge.output == "both" and result and result.adapter):
-        outputs["adapter"] = p.adapter_dir
-    said = [f"merged model at {outputs['merged']}"] if "merged" in outputs else []
-    said += [f"PEFT adapter at {outputs['adapter']}"] if "adapter" in outputs else []
-    return " and ".join(said)
+    wrote_adapter = p.spec.merge.output == "adapter" or (p.spec.merge.output == "both" and result and result.adapter)
+    outputs.adapter = p.adapter_dir if wrote_adapter else None
+    said = [f"merged model at {outputs.merged}"] if outputs.merged is not None else []
+    said += [f"PEFT adapter at {outputs.adapter}"] if outputs.adapter is not None else []
+    return " and ".join(said), outputs
 
 
-def _start_merge(v: FineTuneView, d: Decision, settings: OperatorSettings, step: int | None) -> None:
-    st, p = d.status, v.valid_plan
+def _start_merge(v: FineTuneView, d: Decision[Status], settings: OperatorSettings, step: int | None) -> None:
+    st, p = d.status_model, v.valid_plan
     d.create += merge_objects(p, settings, v.owner, step)
-    st.setdefault("children", {})["merge"] = merge.name(p)
-    st.update(phase=reasons.MERGING, message=f"merging the adapter into {p.merged_dir}")
+    st.children = st.children or api.FineTuneChildren()
+    st.children.merge = merge.name(p)
+    st.phase, st.message = reasons.MERGING, f"merging the adapter into {p.merged_dir}"
 
 
-def _account(v: FineTuneView, st: dict, outcome: failure_policy.Outcome) -> None:
+def _record_training(st: Status, name: str) -> None:
+    """The current attempt's training workload and its ConfigMap (both named for the attempt)."""
+    st.children = st.children or api.FineTuneChildren()
+    st.children.config_map, st.children.training = name, name
+
+
+def _trained_step(st: Status) -> int | None:
+    """The step of the run's final checkpoint, once training has written it."""
+    return st.outputs.step if st.outputs else None
+
+
+def _account(v: FineTuneView, st: Status, outcome: failure_policy.Outcome) -> None:
     """Chip-hours: the slice's chips for as long as the workload is seen running.
 
     Whole seconds are accounted up to `accountedAt` (itself whole seconds), so repeated reconciles
@@ -324,24 +330,24 @@ def _account(v: FineTuneView, st: dict, outcome: failure_policy.Outcome) -> None
     A workload that stops running (finished, suspended, requeued) is accounted up to that moment.
     """
     chips = v.valid_plan.placement.chips
-    last = parse_time(st.get("accountedAt"))
+    last = parse_time(st.accounted_at)
     now = v.now.replace(microsecond=0)
     if outcome.state == reasons.RUNNING:
         if last is None or (now - last).total_seconds() >= ACCOUNT_EVERY:
             _add_chip_hours(st, chips, last, now)
-            st["accountedAt"] = timestamp(now)
+            st.accounted_at = timestamp(now)
     else:
         finished = _finished_at(v.training) if outcome.state in (reasons.SUCCEEDED, reasons.FAILED) else None
         _add_chip_hours(st, chips, last, finished or now)
-        st.pop("accountedAt", None)
+        st.accounted_at = None
     if chips:
-        st.setdefault("chipHours", 0.0)
-        st["estimatedCost"] = round(st["chipHours"] * v.valid_plan.price_per_chip_hour, 2)
+        st.chip_hours = st.chip_hours if st.chip_hours is not None else 0.0
+        st.estimated_cost = round(st.chip_hours * v.valid_plan.price_per_chip_hour, 2)
 
 
-def _add_chip_hours(st: dict, chips: int, since: datetime.datetime | None, until: datetime.datetime) -> None:
+def _add_chip_hours(st: Status, chips: int, since: datetime.datetime | None, until: datetime.datetime) -> None:
     if since and until > since:
-        st["chipHours"] = round(float(st.get("chipHours") or 0) + chips * (until - since).total_seconds() / 3600, 6)
+        st.chip_hours = round((st.chip_hours or 0) + chips * (until - since).total_seconds() / 3600, 6)
 
 
 def _finished_at(workload: dict | None) -> datetime.datetime | None:
@@ -356,25 +362,25 @@ def _finished_at(workload: dict | None) -> datetime.datetime | None:
     return parse_time(wst.get("completionTime") or (ended[0].get("lastTransitionTime") if ended else None))
 
 
-def _succeed(v: FineTuneView, st: dict, message: str) -> None:
-    st.update(phase=reasons.SUCCEEDED, message=message, completionTime=timestamp(v.now))
+def _succeed(v: FineTuneView, st: Status, message: str) -> None:
+    st.phase, st.message, st.completion_time = reasons.SUCCEEDED, message, timestamp(v.now)
     _cond(v, st, reasons.COMPLETE, True, reasons.SUCCEEDED, message)
 
 
-def _fail(v: FineTuneView, st: dict, reason: str, message: str) -> None:
-    st.update(phase=reasons.FAILED, message=message)
+def _fail(v: FineTuneView, st: Status, reason: str, message: str) -> None:
+    st.phase, st.message = reasons.FAILED, message
     if reason != reasons.INVALID_SPEC:
-        st["completionTime"] = timestamp(v.now)
+        st.completion_time = timestamp(v.now)
     _cond(v, st, reasons.FAILED, True, reason, message)
 
 
-def _cond(v: FineTuneView, st: dict, type_: str, value: bool, reason: str, message: str) -> None:
-    set_cond(v, st, type_, value, reason, message)
+_cond = set_cond
 
 
-def _progress_dict(step, total, loss, tps) -> dict[str, Any]:
-    out = {"step": step, "totalSteps": total, "loss": loss, "tokensPerSecond": tps}
-    return {k: (round(x, 6) if isinstance(x, float) else x) for k, x in out.items() if x is not None}
+def _progress(step: int | None, total: int | None, loss: float | None, tps: float | None) -> api.Progress:
+    """status.progress, its figures rounded so that noise does not rewrite the status."""
+    figures = {"step": step, "total_steps": total, "loss": loss, "tokens_per_second": tps}
+    return api.Progress(**{k: round(x, 6) if isinstance(x, float) else x for k, x in figures.items() if x is not None})
 
 
 # ---------------------------------------------------------------------------- reading pods

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gemma_operator import evaluation, reasons, rollout_gate
+from gemma_operator.api import GemmaServeStatus as Status
 from gemma_operator.children import serving, serving_objects
-from gemma_operator.conditions import condition
+from gemma_operator.conditions import condition, find
 from gemma_operator.lifecycle.common import Decision, ResourceView, decide_with, set_cond
 from gemma_operator.plan import ServePlan
 from gemma_operator.plan.served_model import served_model
@@ -74,32 +75,32 @@ def resolve_model(
     return served_model(spec or {}, None, fine_tune or {}, status.get("modelUri")).uri
 
 
-def decide(v: ServeView, settings: OperatorSettings) -> Decision:
-    def invalid(st: dict, message: str) -> None:
-        st.update(phase=reasons.FAILED, message=f"invalid spec: {message}")
+def decide(v: ServeView, settings: OperatorSettings) -> Decision[Status]:
+    def invalid(st: Status, message: str) -> None:
+        st.phase, st.message = reasons.FAILED, f"invalid spec: {message}"
 
-    return decide_with(v, lambda d: _advance(v, d, settings), invalid)
+    return decide_with(v, Status, lambda d: _advance(v, d, settings), invalid)
 
 
-def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
+def _advance(v: ServeView, d: Decision[Status], settings: OperatorSettings) -> None:
     """The model to serve (or why none is yet), the serving children, and the rollout's progress."""
-    st, p = d.status, v.valid_plan
+    st, p = d.status_model, v.valid_plan
     sel = _gate(v, d) if v.fine_tune_name else None
     if p.model_uri is None:
         reason, message = _blocked(sel) or _waiting(v)
         _cond(v, st, reasons.MODEL_READY, False, reason, message)
-        st.update(phase=reasons.WAITING_FOR_MODEL, message=message)
+        st.phase, st.message = reasons.WAITING_FOR_MODEL, message
         return
     _model_ready(v, st, p.model_uri, sel)
     absent = {m.kind for m in v.missing}  # an optional monitor whose CRD is not installed
     d.create += [o for o in serving_objects(p, settings, v.owner) if o["kind"] not in absent]
     wanted = {(o["kind"], o["metadata"]["name"]) for o in d.create}
     d.delete += [o for o in v.extras if (o["kind"], o["metadata"]["name"]) not in wanted]  # e.g. autoscaling removed
-    st.update(modelUri=p.model_uri, servedModelName=p.served_name, endpoint=serving.endpoint(p))
+    st.model_uri, st.served_model_name, st.endpoint = p.model_uri, p.served_name, serving.endpoint(p)
     _rollout(v, st)
 
 
-def _model_ready(v: ServeView, st: dict[str, Any], model_uri: str, sel: rollout_gate.Selection | None) -> None:
+def _model_ready(v: ServeView, st: Status, model_uri: str, sel: rollout_gate.Selection | None) -> None:
     """ModelReady: which output is served, and why it is not the fine-tune's latest when it is not."""
     ft_status = (v.fine_tune or {}).get("status") or {}
     latest = ft_status.get("outputs", {}).get("merged")
@@ -120,7 +121,7 @@ def _model_ready(v: ServeView, st: dict[str, Any], model_uri: str, sel: rollout_
         _cond(v, st, reasons.MODEL_READY, True, reasons.RESOLVED, model_uri)
 
 
-def _rollout(v: ServeView, st: dict[str, Any]) -> None:
+def _rollout(v: ServeView, st: Status) -> None:
     """Replicas, Available and Progressing, and the phase, from the serving workload's status."""
     p, wl = v.valid_plan, v.workload
     replicas = (
@@ -128,13 +129,14 @@ def _rollout(v: ServeView, st: dict[str, Any]) -> None:
         if p.spec.autoscaling is None
         else max(p.spec.autoscaling.min_replicas, int(((wl or {}).get("spec") or {}).get("replicas") or 0))
     )
-    st["replicas"] = replicas
+    st.replicas = replicas
     if wl is None:
-        st.update(phase=reasons.DEPLOYING, message=f"creating {serving.name(p)}", readyReplicas=0, updatedReplicas=0)
+        st.phase, st.message = reasons.DEPLOYING, f"creating {serving.name(p)}"
+        st.ready_replicas, st.updated_replicas = 0, 0
         return
     ws = wl.get("status") or {}
     ready, updated = int(ws.get("readyReplicas") or 0), int(ws.get("updatedReplicas") or 0)
-    st.update(readyReplicas=ready, updatedReplicas=updated)
+    st.ready_replicas, st.updated_replicas = ready, updated
     template_rev = (
         (serving.pod_template(wl).get("metadata") or {}).get("annotations", {}).get(serving.REVISION_ANNOTATION)
     )
@@ -158,52 +160,48 @@ def _rollout(v: ServeView, st: dict[str, Any]) -> None:
     ):
         _stuck(v, st, ready, _pod_problem(v.pods) or progressing.get("message", ""))
     elif current and updated >= replicas and ready >= replicas:
-        st["revision"] = p.revision
+        st.revision = p.revision
         _cond(v, st, reasons.DEPLOYMENT_PROGRESSING, True, reasons.ROLLOUT_COMPLETE, f"revision {p.revision}")
-        st.update(
-            phase=reasons.READY,
-            message=f"serving {p.served_name} at {st['endpoint']}" if replicas else "scaled to zero",
-        )
+        st.phase = reasons.READY
+        st.message = f"serving {p.served_name} at {st.endpoint}" if replicas else "scaled to zero"
     else:
         progress = f"revision {p.revision}: {updated}/{replicas} updated, {ready} ready"
         _cond(v, st, reasons.DEPLOYMENT_PROGRESSING, True, reasons.ROLLING_OUT, progress)
         problem = _pod_problem(v.pods)
-        st.update(phase=reasons.DEPLOYING, message=f"rolling out {progress}" + (f" ({problem})" if problem else ""))
+        st.phase = reasons.DEPLOYING
+        st.message = f"rolling out {progress}" + (f" ({problem})" if problem else "")
 
 
-def _stuck(v: ServeView, st: dict[str, Any], ready: int, why: str) -> None:
+def _stuck(v: ServeView, st: Status, ready: int, why: str) -> None:
     """A rollout past its progress deadline: Failed with no replica ready, else the previous revision serves."""
     revision = v.valid_plan.revision
     _cond(v, st, reasons.DEPLOYMENT_PROGRESSING, False, reasons.PROGRESS_DEADLINE_EXCEEDED, why)
     if ready:
-        st.update(
-            phase=reasons.DEPLOYING,
-            message=f"rollout of revision {revision} is stuck ({why}); {ready} replica(s) of the previous revision still serve",
+        st.phase = reasons.DEPLOYING
+        st.message = (
+            f"rollout of revision {revision} is stuck ({why}); {ready} replica(s) of the previous revision still serve"
         )
     else:
-        st.update(phase=reasons.FAILED, message=f"no replica became ready: {why}")
+        st.phase, st.message = reasons.FAILED, f"no replica became ready: {why}"
 
 
-def _gate(v: ServeView, d: Decision) -> rollout_gate.Selection:
+def _gate(v: ServeView, d: Decision[Status]) -> rollout_gate.Selection:
     """The rollout gate's decision in the status: the runs that pass, the run served, GatePassed
     (with an Event when it changes)."""
-    st, spec = d.status, v.valid_plan.spec
+    st, spec = d.status_model, v.valid_plan.spec
     ref = spec.model.fine_tune_ref
     sel = rollout_gate.select(
         spec.rollout.gate,
         evaluation.runs_of((v.fine_tune or {}).get("status") or {}),
-        v.status.get("modelUri"),
+        st.model_uri,
         ref.run if ref else None,
     )
-    st["passedRuns"] = sel.passed
-    if sel.run:
-        st["run"] = sel.run
-    else:
-        st.pop("run", None)  # nothing served, or an output the fine-tune no longer lists
-    before = condition(st.get("conditions"), reasons.GATE_PASSED)
+    st.passed_runs = sel.passed
+    st.run = sel.run or None  # None: nothing served, or an output the fine-tune no longer lists
+    before = find(st.conditions, reasons.GATE_PASSED)
     if not spec.rollout.gate or sel.verdict is None:
         if not spec.rollout.gate and before:
-            st["conditions"] = [c for c in st["conditions"] if c["type"] != reasons.GATE_PASSED]
+            st.conditions = [c for c in st.conditions if c.type != reasons.GATE_PASSED]
         return sel
     ok = sel.verdict.passed
     served = (
@@ -214,7 +212,7 @@ def _gate(v: ServeView, d: Decision) -> rollout_gate.Selection:
         else "nothing is served yet"
     )
     message = sel.verdict.message if ok else f"{sel.verdict.message}: not rolled out; {served}"
-    if not before or before.get("status") != str(ok) or before.get("message") != message:
+    if not before or before.status != str(ok) or before.message != message:
         d.events.append(
             ("Normal" if ok else "Warning", reasons.GATE_PASSED if ok else reasons.ROLLOUT_BLOCKED, message)
         )
