@@ -1,4 +1,6 @@
-"""The kopf handlers and the I/O around the pure lifecycles: read -> plan -> decide -> apply.
+"""The kopf handlers and the I/O around the pure lifecycles: one reconcile for every kind, read ->
+plan -> read -> decide -> apply; what each kind reads and how it decides is declared beside its
+lifecycle (`lifecycle.wiring`), and this module only carries it out.
 
 Reconciles are level-based: any event of a CR or of one of its children (found through the
 child's controller ownerReference) re-reads the CR and its children and lets the lifecycle
@@ -21,22 +23,18 @@ from typing import Any
 import kopf
 
 from gemma_operator import addons, api, failure_policy, pod_creation, prometheus_metrics, reasons, retries
-from gemma_operator.children import common, serving, training
+from gemma_operator.children import common
 from gemma_operator.clock import now
 from gemma_operator.kinds import KINDS, where
 from gemma_operator.kube import UNREAD, ApiError, Kube, status_patch
-from gemma_operator.lifecycle import finetune as finetune_lifecycle
-from gemma_operator.lifecycle import serve as serve_lifecycle
 from gemma_operator.lifecycle.common import Decision
-from gemma_operator.plan import ServePlan, SpecError, plan_finetune, plan_serve
-from gemma_operator.plan.served_model import ServedModel, fine_tune_plan, served_model
+from gemma_operator.lifecycle.reads import AddOns, Found, Get, Listed, Pods, ProgressLog, Read, Refusal
+from gemma_operator.lifecycle.wiring import LIFECYCLES, fine_tune_ref
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import Progress
 
 log = logging.getLogger("gemma_operator")
 
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 Seen = dict[tuple[str, str], dict | None]  # children read in this reconcile by (kind, name); None: absent
 ACTIVE = (
@@ -152,14 +150,23 @@ class Controller:
         return version is not None and self._latest.get(key) == version
 
     async def _reconcile_one(self, kind: str, namespace: str, name: str, body: dict | None) -> tuple[str, str] | None:
+        """Read, plan, read, view, decide, apply: the same for every kind (each kind's lifecycle
+        says what to read and how, `lifecycle.wiring`). Returns the resourceVersion the CR was read
+        at and the one its status write produced (the same when it wrote none)."""
         if body is None:
             body = await self.kube.get(kind, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
-        if kind == api.FINETUNE.kind:
-            written = await self._reconcile_finetune(body)
-        else:
-            written = await self._reconcile_serve(body)
+        lifecycle, found = LIFECYCLES[kind], Found()
+        await self._read_all(namespace, lifecycle.inputs(body), found)
+        plan, problems = lifecycle.plan(body, found, self.settings)
+        if plan is not None:
+            await self._read_all(namespace, lifecycle.reads(body.get("status") or {}, plan), found)
+        view = lifecycle.view(_observed(body, lifecycle.kind), body, plan, problems, found)
+        decision = lifecycle.decide(view, self.settings)
+        written = await self._apply(body, decision, found.objects())
+        self.tracker.observe(kind, namespace, name, decision.status_model.phase)
+        lifecycle.record(self.tracker, body, view, decision)
         read = body["metadata"]["resourceVersion"]
         return read, written or read
 
@@ -169,56 +176,30 @@ class Controller:
         except ApiError:
             return False
 
-    # ------------------------------------------------------------------ GemmaFineTune
+    # ------------------------------------------------------------------ reading
 
-    async def _reconcile_finetune(self, body: dict) -> str | None:
-        """Reconcile one GemmaFineTune; the resourceVersion of its status write, if it made one."""
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        seen: Seen = {}
-        view = await self._observe_finetune(body, seen)
-        decision = finetune_lifecycle.decide(view, self.settings)
-        written = await self._apply(body, decision, seen)
-        st = decision.status_model
-        self.tracker.observe(api.FINETUNE.kind, namespace, name, st.phase)
-        if view.plan:
-            held = view.plan.placement.chips if st.phase == reasons.TRAINING else 0
-            self.tracker.chips(namespace, name, view.plan.placement.accelerator, held)
-            added = (st.chip_hours or 0) - float((body.get("status") or {}).get("chipHours") or 0)
-            if added > 0 and st.run == (body.get("status") or {}).get("run"):
-                prometheus_metrics.CHIP_HOURS.labels(view.plan.placement.accelerator).inc(added)
-        return written
+    async def _read_all(self, namespace: str, declared: list[Read[Any]], found: Found) -> None:
+        """Each declared read in order, into `found` (a read may use what an earlier one found)."""
+        for read in declared:
+            found[read] = await self._read(namespace, read, found)
 
-    async def _observe_finetune(self, body: dict, seen: Seen) -> finetune_lifecycle.FineTuneView:
-        """What exists for this GemmaFineTune; `seen` gets every child read, found or not."""
-        meta, status = body["metadata"], body.get("status") or {}
-        namespace, name = meta["namespace"], meta["name"]
-        plan, problems = None, []
-        try:
-            plan = plan_finetune(name, namespace, body.get("spec") or {}, self.settings, meta.get("labels"))
-        except SpecError as e:
-            problems = e.problems
-        view = finetune_lifecycle.FineTuneView(**_observed(body, api.FINETUNE), plan=plan, problems=problems)
-        if plan is None:
-            return view
-        want = finetune_lifecycle.reads(status, plan)
-        if want.training and want.kind == "JobSet":
-            view.missing = await self.addons.missing({"JobSet": True})
-        workload = seen[(want.kind, want.name)] = await self.kube.get(want.kind, namespace, want.name)
-        pods = await self._pods(want.kind, namespace, want.name) if workload is not None else []
-        if want.training:
-            view.training, view.training_pods = workload, pods
-            if workload is not None and failure_policy.outcome(workload).state == reasons.RUNNING:
-                view.progress = await self._progress(pods)
-        else:
-            view.merge, view.merge_pods = workload, pods
-        view.refusal = await self._refusal(workload, pods)
-        if want.earlier_runs:
-            selector = f"{common.FINETUNE_LABEL}={common.label_value(name)},{common.RUN_LABEL}!={plan.run}"
-            for stale_kind in finetune_lifecycle.STALE_KINDS:
-                view.stale += [
-                    {**w, "kind": stale_kind} for w in await self._list_or_empty(stale_kind, namespace, selector)
+    async def _read(self, namespace: str, read: Read[Any], found: Found) -> Any:
+        match read:
+            case Get(kind, name):
+                return await self.kube.get(kind, namespace, name)
+            case Pods(owner, selector):
+                return await self.kube.list("Pod", namespace, selector) if found[owner] is not None else []
+            case ProgressLog(workload, pods, container):
+                return await self._progress(found[workload], found[pods], container)
+            case Refusal(workload, pods):
+                return await self._refusal(found[workload], found[pods])
+            case Listed(kinds, selector):
+                return [
+                    {**o, "kind": kind} for kind in kinds for o in await self._list_or_empty(kind, namespace, selector)
                 ]
-        return view
+            case AddOns(wanted):
+                return await self.addons.missing(dict(wanted))
+        raise TypeError(f"no reader for {read!r}")
 
     async def _list_or_empty(self, kind: str, namespace: str, selector: str) -> list[dict]:
         try:
@@ -227,10 +208,6 @@ class Controller:
             if e.status == 404:
                 return []
             raise
-
-    async def _pods(self, kind: str, namespace: str, workload: str) -> list[dict]:
-        label = JOBSET_NAME_LABEL if kind == "JobSet" else JOB_NAME_LABEL
-        return await self.kube.list("Pod", namespace, f"{label}={workload}")
 
     async def _refusal(self, workload: dict | None, pods: list[dict]) -> pod_creation.Refusal | None:
         """Why the API server refuses the workload's pods: the FailedCreate Events of its namespace
@@ -247,8 +224,10 @@ class Controller:
             "Event", namespace, field_selector=f"reason={pod_creation.FAILED_CREATE},type=Warning"
         )
 
-    async def _progress(self, pods: list[dict]) -> Progress | None:
-        """The latest progress line of the coordinating (index 0) training pod's log."""
+    async def _progress(self, workload: dict | None, pods: list[dict], container: str) -> Progress | None:
+        """The latest progress line of the coordinating (index 0) pod's log, while the workload runs."""
+        if workload is None or failure_policy.outcome(workload).state != reasons.RUNNING:
+            return None
         running = [p for p in pods if (p.get("status") or {}).get("phase") == reasons.POD_RUNNING]
         running.sort(
             key=lambda p: (
@@ -259,38 +238,7 @@ class Controller:
         if not running:
             return None
         pod = running[0]["metadata"]
-        return Progress.last_in(await self.kube.pod_log(pod["namespace"], pod["name"], training.CONTAINER, 20))
-
-    # ------------------------------------------------------------------ GemmaServe
-
-    async def _reconcile_serve(self, body: dict) -> str | None:
-        """Reconcile one GemmaServe; the resourceVersion of its status write, if it made one."""
-        meta, spec = body["metadata"], body.get("spec") or {}
-        namespace, name = meta["namespace"], meta["name"]
-        ref = _fine_tune_ref(spec)
-        fine_tune = await self.kube.get(api.FINETUNE.kind, namespace, ref) if ref else None
-        plan, problems = serve_plan(body, ref, fine_tune, self.settings)
-        seen: Seen = {}
-        view = serve_lifecycle.ServeView(
-            **_observed(body, api.SERVE), plan=plan, problems=problems, fine_tune_name=ref, fine_tune=fine_tune
-        )
-        want = serve_lifecycle.reads(plan) if plan is not None else None
-        if plan is not None and want is not None:
-            view.missing = await self.addons.missing(want.addons)
-            for kind in where(serving=True):
-                obj = seen[(kind, want.name)] = await self.kube.get(kind, namespace, want.name)
-                if obj is not None and kind == want.workload_kind:
-                    view.workload = obj
-                elif obj is not None:
-                    view.extras.append(obj)
-            if view.workload is not None:
-                sel = ",".join(f"{k}={v}" for k, v in serving.selector(plan).items())
-                view.pods = await self.kube.list("Pod", namespace, sel)
-            view.refusal = await self._refusal(view.workload, view.pods)
-        decision = serve_lifecycle.decide(view, self.settings)
-        written = await self._apply(body, decision, seen)
-        self.tracker.observe(api.SERVE.kind, namespace, name, decision.status_model.phase)
-        return written
+        return Progress.last_in(await self.kube.pod_log(pod["namespace"], pod["name"], container, 20))
 
     # ------------------------------------------------------------------ applying
 
@@ -379,31 +327,6 @@ class WatchedChildren:
         return self._objects.get((kind, namespace, name), UNREAD)
 
 
-def serve_plan(
-    body: dict, ref: str | None, fine_tune: dict | None, settings: OperatorSettings
-) -> tuple[ServePlan | None, list[str]]:
-    """(plan, problems) of a GemmaServe as read, serving what its fineTuneRef resolves to now."""
-    meta, spec = body["metadata"], body.get("spec") or {}
-    source = ServedModel(None, None, None)
-    if ref:
-        observed = fine_tune or {}
-        plan = fine_tune_plan(fine_tune, settings) if fine_tune else None
-        source = served_model(spec, plan, observed, (body.get("status") or {}).get("modelUri"))
-    try:
-        labels = meta.get("labels")
-        return plan_serve(
-            meta["name"],
-            meta["namespace"],
-            spec,
-            settings,
-            model_uri=source.uri,
-            fine_tune_preset=source.preset,
-            labels=labels,
-        ), []
-    except SpecError as e:
-        return None, e.problems
-
-
 def owner_of(body: Mapping[str, Any]) -> tuple[str, str] | None:
     """(kind, name) of the CR controlling a child, from its ownerReferences."""
     for ref in body["metadata"].get("ownerReferences") or []:
@@ -418,7 +341,7 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:  
 
     @kopf.index(api.GROUP, api.VERSION, api.SERVE.plural, id="serves_by_fine_tune", registry=registry)  # type: ignore[arg-type]  # kopf's protocol allows a None namespace (cluster-scoped kinds; ours are namespaced)
     def serves_by_fine_tune(spec: kopf.Spec, name: str, namespace: str, **_: Any) -> dict | None:
-        ref = _fine_tune_ref(spec)
+        ref = fine_tune_ref(spec)
         return {(namespace, ref): name} if ref else None
 
     @kopf.on.event(api.GROUP, api.VERSION, api.FINETUNE.plural, registry=registry)  # type: ignore[arg-type]  # kopf's protocol allows a None namespace (cluster-scoped kinds; ours are namespaced)
@@ -477,8 +400,3 @@ def _observed(body: dict, kind: api.Kind) -> dict[str, Any]:
         owner=common.owner_reference(kind, meta["name"], meta["uid"]),
         now=now(),
     )
-
-
-def _fine_tune_ref(spec: Mapping[str, Any]) -> str | None:
-    """The GemmaFineTune a GemmaServe spec serves, if any."""
-    return ((spec.get("model") or {}).get("fineTuneRef") or {}).get("name")

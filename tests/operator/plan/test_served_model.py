@@ -3,7 +3,8 @@ live operator, the preset always the one of the fine-tune's plan."""
 
 import pytest
 
-from gemma_operator import cli, reconcile
+from gemma_operator import cli
+from gemma_operator.lifecycle import wiring
 from gemma_operator.model_uri import GCS_SCHEME, HF_SCHEME, ModelUri
 from gemma_operator.plan.served_model import fine_tune_plan, served_model
 from gemma_operator.settings import OperatorSettings
@@ -34,7 +35,7 @@ def test_plan_and_the_operator_serve_the_same_model_and_preset(model, preset):
     ft_plan, offline = planned["GemmaFineTune"], planned["GemmaServe"]
     observed = _succeeded(ft.obj(), ft_plan.merged_dir, ft_plan.run, ft_plan.model_label)
 
-    live, live_problems = reconcile.serve_plan(sv.obj(), "ft", observed, SETTINGS)
+    live, live_problems = wiring.serve_plan(sv.obj(), "ft", observed, SETTINGS)
 
     assert live_problems == []
     assert (live.model_uri, live.preset) == (offline.model_uri, offline.preset) == (ft_plan.merged_dir, preset)
