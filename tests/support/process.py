@@ -17,6 +17,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.chart import objects, one
+from tests.support.cluster import PATIENCE
 
 ENTRYPOINT = Path(sys.executable).parent / "gemma-tpu"  # the operator image's ENTRYPOINT
 
@@ -55,7 +56,7 @@ def running(command: list[str], config: Path, log: Path, **env: str) -> Iterator
 
 async def stop(proc: subprocess.Popen, log: Path) -> int:
     proc.send_signal(signal.SIGTERM)
-    code = await asyncio.to_thread(proc.wait, 20)
+    code = await asyncio.to_thread(proc.wait, PATIENCE)
     assert code == 0, f"the operator exited with {code}:\n{log.read_text()[-3000:]}"
     return code
 
@@ -81,7 +82,7 @@ def scrape(port: int) -> dict[tuple[str, frozenset], float]:
     }
 
 
-async def until(check, timeout: float = 30, message: str = "", log: Path | None = None):
+async def until(check, timeout: float = PATIENCE, message: str = "", log: Path | None = None):
     """Poll a blocking check in a thread until it returns something truthy."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

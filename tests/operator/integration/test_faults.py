@@ -82,7 +82,7 @@ async def test_a_degraded_ready_serve_shows_it_within_seconds_despite_faults(api
     with caplog.at_level(logging.WARNING, "gemma_operator"):
         died = {"status": {"readyReplicas": 1, "availableReplicas": 1}}  # a serving pod died
         await cluster.kube.patch("Deployment", NS, "chat-vllm", died, status=True)
-        gsv = await cluster.phase("GemmaServe", NS, "chat", "Deploying", timeout=10)
+        gsv = await cluster.phase("GemmaServe", NS, "chat", "Deploying")
     assert gsv["status"]["readyReplicas"] == 1
     assert sum(apiserver.injected.values()) == 2
     failures = [r.getMessage() for r in caplog.records if "failed, retrying" in r.getMessage()]
@@ -169,15 +169,15 @@ async def test_under_faults_and_a_restart_every_status_agrees_with_its_children(
             await finish_fine_tune(cluster, a)
             await cluster.job(NS, _training_name(b))
         async with running_operator(apiserver):  # a restarted operator picks up where things stand
-            await cluster.wait_for(lambda: cluster.get("Deployment", NS, "chat-vllm"), timeout=20, message="Deployment")
+            await cluster.wait_for(lambda: cluster.get("Deployment", NS, "chat-vllm"), message="Deployment")
             await cluster.deployment_ready(NS, "chat-vllm", 2)
             await finish_fine_tune(cluster, b)
-            await cluster.phase("GemmaServe", NS, "chat", "Ready", timeout=20)
+            await cluster.phase("GemmaServe", NS, "chat", "Ready")
             await cluster.deployment_ready(NS, "chat-vllm", 1)  # a serving pod died
-            await cluster.phase("GemmaServe", NS, "chat", "Deploying", timeout=20)
+            await cluster.phase("GemmaServe", NS, "chat", "Deploying")
             apiserver.calm()  # the final state, without faults, must agree with the children
             await cluster.deployment_ready(NS, "chat-vllm", 2)
-            gsv = await cluster.phase("GemmaServe", NS, "chat", "Ready", timeout=20)
+            gsv = await cluster.phase("GemmaServe", NS, "chat", "Ready")
     faults = {fault for fault, _ in apiserver.injected}
     assert faults >= {BEFORE_WRITE, AFTER_WRITE, THROTTLED, WATCH_EXPIRED}, apiserver.injected
     assert gsv["status"]["readyReplicas"] == 2

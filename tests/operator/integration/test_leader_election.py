@@ -120,12 +120,12 @@ async def test_a_standby_takes_over_when_the_leader_stops(apiserver, cluster, tm
             await cluster.job(NS, job)
 
             await stop(a, logs["op-a"])
-            await until(lambda: holder() == "op-b", timeout=15, message="op-b takes over", log=logs["op-b"])
+            await until(lambda: holder() == "op-b", message="op-b takes over", log=logs["op-b"])
             lease = apiserver.objects[lease_key]["spec"]
             assert lease["leaseTransitions"] == 1 and lease["leaseDurationSeconds"] == 15
             await until(lambda: serving_metrics("op-b"), message="op-b runs the operator", log=logs["op-b"])
             await cluster.kube.patch("GemmaFineTune", NS, "ft", {"spec": {"suspend": True}})
-            await cluster.wait_for(lambda: _suspended(cluster, job), timeout=20, message="the new leader acts")
+            await cluster.wait_for(lambda: _suspended(cluster, job), message="the new leader acts")
             await stop(b, logs["op-b"])
     assert not holder(), "a replica that stops hands the Lease over"
 
