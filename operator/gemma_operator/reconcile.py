@@ -286,10 +286,15 @@ class Controller:
             if view.workload is not None:
                 sel = ",".join(f"{k}={v}" for k, v in serving.selector(plan).items())
                 view.pods = await self.kube.list("Pod", namespace, sel)
+            if job_name := want.benchmark_job:  # with spec.benchmark: the current revision's
+                job = seen[("Job", job_name)] = await self.kube.get("Job", namespace, job_name)
+                if job is not None:
+                    view.benchmark.job, view.benchmark.pods = job, await self._pods("Job", namespace, job_name)
             view.refusal = await self._refusal(view.workload, view.pods)
         decision = serve_lifecycle.decide(view, self.settings)
         written = await self._apply(body, decision, seen)
         self.tracker.observe(api.SERVE.kind, namespace, name, decision.status.get("phase"))
+        prometheus_metrics.benchmark(namespace, name, decision.status.get("benchmark"))
         return written
 
     # ------------------------------------------------------------------ applying
@@ -388,7 +393,9 @@ def serve_plan(
     if ref:
         observed = fine_tune or {}
         plan = fine_tune_plan(fine_tune, settings) if fine_tune else None
-        source = served_model(spec, plan, observed, (body.get("status") or {}).get("modelUri"))
+        status = body.get("status") or {}
+        rejected = serve_lifecycle.rejected_runs(spec, status)
+        source = served_model(spec, plan, observed, status.get("modelUri"), rejected)
     try:
         labels = meta.get("labels")
         return plan_serve(
@@ -436,6 +443,7 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:  
     async def serve_event(type: str, body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
         if type == "DELETED":
             controller.forget(api.SERVE.kind, namespace, name)
+            prometheus_metrics.benchmark(namespace, name, None)
         else:
             await controller.reconcile(api.SERVE.kind, namespace, name, watched=body)
 

