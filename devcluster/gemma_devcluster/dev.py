@@ -29,12 +29,12 @@ from typing import Any
 import kmock
 import yaml
 
-from gemma_devcluster import tiny
+from gemma_devcluster import services, tiny
 from gemma_devcluster.agent import NodeAgent
 from gemma_devcluster.apiserver import ApiServer, write_kubeconfig
 from gemma_devcluster.display import Table
 from gemma_devcluster.kinds import LOCAL_KINDS
-from gemma_devcluster.kubelet import HOST_PORT_ANNOTATION, Node
+from gemma_devcluster.kubelet import Node
 from gemma_devcluster.processes import port_in_use
 from gemma_operator import api, runner
 from gemma_operator.kube import Kube
@@ -167,14 +167,10 @@ async def _serving_port(kube: Kube, serve: dict | None) -> int | None:
     svc = await kube.get("Service", serve["metadata"]["namespace"], f"{serve['metadata']['name']}-vllm")
     if svc is None:
         return None
-    selector = ",".join(f"{k}={v}" for k, v in svc["spec"]["selector"].items())
-    for pod in await kube.list("Pod", svc["metadata"]["namespace"], selector):
-        ready = any(
-            c["type"] == "Ready" and c["status"] == "True" for c in (pod.get("status") or {}).get("conditions") or []
-        )
-        if ready and HOST_PORT_ANNOTATION in (pod["metadata"].get("annotations") or {}):
-            return int(pod["metadata"]["annotations"][HOST_PORT_ANNOTATION])
-    return None
+    meta = svc["metadata"]
+    table = services.routes([svc], await kube.list("Pod", meta["namespace"]))
+    route = table.get(f"{meta['name']}.{meta['namespace']}.svc:{svc['spec']['ports'][0]['port']}")
+    return int(route.rsplit(":", 1)[1]) if route else None
 
 
 def _service_accounts(docs: list[dict], settings: OperatorSettings) -> list[tuple[str, str]]:

