@@ -912,6 +912,16 @@ class GemmaServeStatus(ObservedStatus):
             "first: set model.fineTuneRef.run to one of them to roll back.",
         ),
     ] = Field(default_factory=list)
+    serving_cost: Annotated[
+        float | None,
+        Field(
+            description="What the service's TPU slices have cost so far: replicas x chips x the price per "
+            "chip-hour (settings), in dollars; none on the cpu profile."
+        ),
+    ] = None
+    cost_accounted_at: Annotated[
+        Timestamp | None, Field(description="When servingCost was last brought up to date.")
+    ] = None
     rejected_runs: Annotated[
         list[RejectedRun],
         Field(
@@ -995,6 +1005,7 @@ SERVE = Kind(
             "jsonPath": ".status.benchmark.costPerMillionOutputTokens",
             "priority": 1,
         },
+        {"name": "Cost-$", "type": "number", "jsonPath": ".status.servingCost", "priority": 1},
         {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ],

@@ -17,9 +17,11 @@ from pydantic import ValidationError
 
 from gemma_operator import api, evaluation, reasons, rollout_gate
 from gemma_operator.children import benchmark, serving, serving_objects
+from gemma_operator.clock import parse_time, timestamp
 from gemma_operator.conditions import condition
 from gemma_operator.lifecycle import serve_benchmark
 from gemma_operator.lifecycle.common import Decision, ResourceView, decide_with, set_cond
+from gemma_operator.lifecycle.finetune import ACCOUNT_EVERY
 from gemma_operator.plan import ServePlan
 from gemma_operator.plan.served_model import served_model
 from gemma_operator.settings import OperatorSettings
@@ -118,6 +120,7 @@ def _advance(v: ServeView, d: Decision, settings: OperatorSettings) -> None:
     d.delete += [o for o in v.extras if (o["kind"], o["metadata"]["name"]) not in wanted]  # e.g. autoscaling removed
     st.update(modelUri=p.model_uri, servedModelName=p.served_name, endpoint=serving.endpoint(p))
     _rollout(v, st)
+    _account(v, st)
     serve_benchmark.step(v, p, v.benchmark, d, settings)
 
 
@@ -191,6 +194,23 @@ def _rollout(v: ServeView, st: dict[str, Any]) -> None:
         _cond(v, st, reasons.DEPLOYMENT_PROGRESSING, True, reasons.ROLLING_OUT, progress)
         problem = _pod_problem(v.pods)
         st.update(phase=reasons.DEPLOYING, message=f"rolling out {progress}" + (f" ({problem})" if problem else ""))
+
+
+def _account(v: ServeView, st: dict[str, Any]) -> None:
+    """status.servingCost: the slices the service holds (replicas asked x chips x the chip-hour
+    price) since its workload exists, brought up to date at most every ACCOUNT_EVERY seconds, in
+    whole seconds, at the replica count the previous reconcile saw."""
+    cost = v.valid_plan.cost
+    if cost is None or v.workload is None:
+        return
+    now, last = v.now.replace(microsecond=0), parse_time(st.get("costAccountedAt"))
+    if last is not None and (now - last).total_seconds() < ACCOUNT_EVERY:
+        return
+    if last is not None and now > last:
+        held = cost.hourly(int(v.status.get("replicas") or 0)) * (now - last).total_seconds() / 3600
+        st["servingCost"] = round(float(st.get("servingCost") or 0) + held, 4)
+    st.setdefault("servingCost", 0.0)
+    st["costAccountedAt"] = timestamp(now)
 
 
 def _stuck(v: ServeView, st: dict[str, Any], ready: int, why: str) -> None:

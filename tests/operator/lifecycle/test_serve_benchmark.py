@@ -8,6 +8,7 @@ call, as the operator does from one reconcile to the next.
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import pytest
@@ -64,7 +65,7 @@ class Cluster:
         uri = serve_lifecycle.resolve_model("ft", self.fine_tune, self.status, self.spec)
         return plan_serve("chat", NS, self.spec, SETTINGS, model_uri=uri, fine_tune_preset="gemma4-31b")
 
-    def reconcile(self, job: dict | None = None, pods: list[dict] = (), ready: bool = True):
+    def reconcile(self, job: dict | None = None, pods: list[dict] = (), ready: bool = True, now=T0):
         plan = self.plan()
         deployment = serving_objects(plan, SETTINGS)[0]
         deployment["metadata"]["generation"] = 1
@@ -76,7 +77,7 @@ class Cluster:
             status=self.status,
             problems=[],
             owner=None,
-            now=T0,
+            now=now,
             plan=plan,
             fine_tune_name="ft",
             fine_tune=self.fine_tune,
@@ -246,3 +247,15 @@ def test_removing_the_benchmark_removes_its_condition_and_current_figures():
     d, _ = c.reconcile()
     assert "benchmark" not in c.status and condition(c.status["conditions"], reasons.SLO_MET) is None
     assert jobs(d) == []
+
+
+def test_the_serving_cost_so_far_accrues_for_the_slices_held():
+    c = Cluster(serve("chat").fine_tune("ft").set("replicas", 2).spec)
+    _, plan = c.reconcile(now=T0)
+    assert c.status["servingCost"] == 0.0
+    c.reconcile(now=T0 + datetime.timedelta(seconds=30))
+    assert c.status["servingCost"] == 0.0, "brought up to date at most every minute"
+    c.reconcile(now=T0 + datetime.timedelta(hours=3))
+    # 2 replicas x 8 chips x the v6e price of the settings, for 3 hours.
+    assert c.status["servingCost"] == pytest.approx(3 * 2 * 8 * SETTINGS.prices_per_chip_hour["v6e"], abs=1e-3)
+    assert c.status["servingCost"] == pytest.approx(3 * plan.cost.hourly(2), abs=1e-3)
