@@ -21,7 +21,7 @@ from typing import Any
 import kopf
 
 from gemma_operator import addons, api, failure_policy, pod_creation, prometheus_metrics, reasons, retries
-from gemma_operator.children import common, serving, training
+from gemma_operator.children import benchmark, common, serving, training
 from gemma_operator.clock import now
 from gemma_operator.kinds import KINDS, where
 from gemma_operator.kube import UNREAD, ApiError, Kube, status_patch
@@ -290,6 +290,9 @@ class Controller:
                 job = seen[("Job", job_name)] = await self.kube.get("Job", namespace, job_name)
                 if job is not None:
                     view.benchmark.job, view.benchmark.pods = job, await self._pods("Job", namespace, job_name)
+                mine = ",".join(f"{k}={v}" for k, v in benchmark.labels(plan).items())
+                jobs = await self.kube.list("Job", namespace, mine)
+                view.benchmark.others = [j for j in jobs if j["metadata"]["name"] != job_name]
             view.refusal = await self._refusal(view.workload, view.pods)
         decision = serve_lifecycle.decide(view, self.settings)
         written = await self._apply(body, decision, seen)

@@ -22,6 +22,7 @@ from gemma_operator.plan import ServePlan, digest
 from gemma_operator.settings import OperatorSettings
 
 CONTAINER = "benchmark"
+COMPONENT = "benchmark"  # its app.kubernetes.io/component
 TERMINATION_LOG = "/dev/termination-log"
 KEEP_FINISHED_SECONDS = 24 * 3600  # its figures are in the status by then; its log stays a day
 
@@ -54,6 +55,11 @@ def load_key(plan: ServePlan) -> str:
 
 def name(plan: ServePlan) -> str:
     return common.child_name(plan.name, "bench", load_key(plan))
+
+
+def labels(plan: ServePlan) -> dict[str, str]:
+    """The labels of every benchmark Job of a GemmaServe (and of its pods)."""
+    return common.labels(api.SERVE, plan.name, COMPONENT)
 
 
 def bench_args(plan: ServePlan, base_url: str, tokenizer: str) -> list[str]:
@@ -128,17 +134,16 @@ def job(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict
     if plan.service_account:
         pod_spec["serviceAccountName"] = plan.service_account  # reads the model as the server does
     annotations = model.annotations if model_volumes else {}  # the FUSE sidecar, for a gs:// model
-    labels = common.labels(api.SERVE, plan.name, "benchmark")
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": common.metadata(name(plan), plan.namespace, labels, owner),
+        "metadata": common.metadata(name(plan), plan.namespace, labels(plan), owner),
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": b.timeout_seconds,
             "ttlSecondsAfterFinished": KEEP_FINISHED_SECONDS,
             "template": {
-                "metadata": {"labels": labels, **({"annotations": annotations} if annotations else {})},
+                "metadata": {"labels": labels(plan), **({"annotations": annotations} if annotations else {})},
                 "spec": pod_spec,
             },
         },

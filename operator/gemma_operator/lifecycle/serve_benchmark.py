@@ -22,6 +22,8 @@ from gemma_operator.lifecycle.common import Decision, ResourceView, set_cond
 from gemma_operator.plan import ServePlan, digest
 from gemma_operator.settings import OperatorSettings
 
+FINISHED = (reasons.SUCCEEDED, reasons.FAILED)
+
 
 @dataclass
 class BenchmarkView:
@@ -29,6 +31,7 @@ class BenchmarkView:
 
     job: dict | None = None
     pods: list[dict] = field(default_factory=list)
+    others: list[dict] = field(default_factory=list)  # the GemmaServe's other benchmark Jobs
 
 
 def slo_key(slo: api.BenchmarkSLO | None) -> str:
@@ -69,6 +72,8 @@ def step(view: ResourceView, plan: ServePlan, seen: BenchmarkView, d: Decision, 
         st.pop("benchmark", None)
         _drop_slo_met(st)
         return
+    # An earlier revision's benchmark still running would measure this revision's pods as that one's.
+    d.delete += [j for j in seen.others if failure_policy.job_outcome(j).state not in FINISHED]
     if st.get("phase") != reasons.READY or st.get("revision") != plan.revision:
         return  # measured once Ready; until then status.benchmark is the last revision's
     s = _Step(view, plan, seen, d)
@@ -101,7 +106,7 @@ def _finished(s: _Step, key: str) -> dict[str, Any] | None:
     if s.seen.job is None:
         return None
     outcome = failure_policy.job_outcome(s.seen.job)
-    if outcome.state not in (reasons.SUCCEEDED, reasons.FAILED):
+    if outcome.state not in FINISHED:
         return None
     out = {**_identity(s, key), "state": outcome.state}
     message = _termination_message(s.seen.pods)

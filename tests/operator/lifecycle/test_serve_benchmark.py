@@ -65,7 +65,7 @@ class Cluster:
         uri = serve_lifecycle.resolve_model("ft", self.fine_tune, self.status, self.spec)
         return plan_serve("chat", NS, self.spec, SETTINGS, model_uri=uri, fine_tune_preset="gemma4-31b")
 
-    def reconcile(self, job: dict | None = None, pods: list[dict] = (), ready: bool = True, now=T0):
+    def reconcile(self, job: dict | None = None, pods: list[dict] = (), ready: bool = True, now=T0, others=()):
         plan = self.plan()
         deployment = serving_objects(plan, SETTINGS)[0]
         deployment["metadata"]["generation"] = 1
@@ -82,7 +82,7 @@ class Cluster:
             fine_tune_name="ft",
             fine_tune=self.fine_tune,
             workload=with_status(deployment, DEPLOYMENT_READY if ready else rolling),
-            benchmark=BenchmarkView(job, list(pods)),
+            benchmark=BenchmarkView(job, list(pods), list(others)),
         )
         d = serve_lifecycle.decide(view, SETTINGS)
         self.status = d.status
@@ -259,3 +259,15 @@ def test_the_serving_cost_so_far_accrues_for_the_slices_held():
     # 2 replicas x 8 chips x the v6e price of the settings, for 3 hours.
     assert c.status["servingCost"] == pytest.approx(3 * 2 * 8 * SETTINGS.prices_per_chip_hour["v6e"], abs=1e-3)
     assert c.status["servingCost"] == pytest.approx(3 * plan.cost.hourly(2), abs=1e-3)
+
+
+def test_an_earlier_revisions_benchmark_still_running_is_stopped():
+    c = Cluster(spec())
+    d, _ = c.reconcile()
+    running = with_status(jobs(d)[0], {"active": 1})
+    c.spec = spec(outputLen=64)  # a new load: a new benchmark, and the old one must not go on measuring
+    d, _ = c.reconcile(others=[running])
+    assert d.delete == [running] and len(jobs(d)) == 1 and jobs(d)[0]["metadata"]["name"] != running["metadata"]["name"]
+    done = with_status(running, COMPLETE)
+    d, _ = c.reconcile(others=[done])
+    assert d.delete == [], "a finished one keeps its log until its TTL"
