@@ -766,12 +766,21 @@ class BenchmarkSLO(Model):
 
 class Benchmark(Model):
     """A load measured once per revision after it becomes Ready, by `vllm bench serve` from the
-    serving image, against the service: random prompts of inputLen tokens, each answered with
-    outputLen tokens, at most maxConcurrency in flight (and requestRate per second, if set)."""
+    serving image, against the service: random prompts of inputLen tokens (or those of promptsUri),
+    each answered with outputLen tokens, at most maxConcurrency in flight (and requestRate per
+    second, if set)."""
 
     input_len: Annotated[int, Field(ge=1, le=262144, description="Prompt tokens per request.")] = 256
     output_len: Annotated[int, Field(ge=1, le=262144, description="Output tokens per request (EOS ignored).")] = 128
     num_prompts: Annotated[int, Field(ge=1, le=10000, description="Requests sent in all.")] = 64
+    prompts_uri: Annotated[
+        Uri | None,
+        Field(
+            description="A JSONL of prompts to send instead of random ones, one object with a `prompt` field "
+            "per line (an evaluation set in the prompt-completion format): gs:// or a path under "
+            "spec.storage.mountPath. inputLen is then the prompts' own; each is answered with outputLen tokens.",
+        ),
+    ] = None
     max_concurrency: Annotated[
         int, Field(ge=1, le=1024, description="Requests in flight at most: bounds the load real traffic competes with.")
     ] = 4

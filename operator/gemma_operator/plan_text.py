@@ -159,8 +159,9 @@ def _benchmark_text(p: ServePlan) -> list[str]:
     slo = b.slo.model_dump(by_alias=True, exclude_none=True) if b.slo else {}
     bounds = ", ".join(f"{k} {v:g}" for k, v in slo.items())
     judged = f"; SLO {bounds}, on a miss: {b.on_miss}" if slo else "; no SLO (measured only)"
+    prompts = f"from {b.prompts_uri} + {b.output_len}" if b.prompts_uri else f"of {b.input_len} + {b.output_len}"
     return [
-        f"  benchmark:     each revision once Ready: {b.num_prompts} prompts of {b.input_len} + {b.output_len} tokens, "
+        f"  benchmark:     each revision once Ready: {b.num_prompts} prompts {prompts} tokens, "
         f"{b.max_concurrency} in flight{rate}, at most {b.timeout_seconds} s{judged}"
     ]
 

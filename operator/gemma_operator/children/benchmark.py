@@ -16,7 +16,7 @@ from typing import Any
 
 from gemma_operator import api, benchmark_results
 from gemma_operator.children import common, serving
-from gemma_operator.children.model_delivery import delivery
+from gemma_operator.children.model_delivery import FUSE_CACHE_VOLUME, delivery, fuse_annotations, fuse_volume
 from gemma_operator.mounts import CACHE_DIR, TMP_DIR
 from gemma_operator.plan import ServePlan, digest
 from gemma_operator.settings import OperatorSettings
@@ -62,6 +62,38 @@ def labels(plan: ServePlan) -> dict[str, str]:
     return common.labels(api.SERVE, plan.name, COMPONENT)
 
 
+PROMPTS_MOUNT = "/benchmark-prompts"
+
+
+def _prompts(b: api.Benchmark) -> tuple[str | None, list[dict], list[dict]]:
+    """(the prompts file as the pod sees it, its volumes, its mounts): a gs:// file through a
+    read-only FUSE mount of its folder; a path under the storage claim as it is."""
+    uri = b.prompts_uri
+    if not uri or not uri.startswith("gs://"):
+        return uri, [], []
+    folder, _, file = uri.rpartition("/")
+    volume = fuse_volume("benchmark-prompts", folder, True, [], {})
+    return (
+        f"{PROMPTS_MOUNT}/{file}",
+        [volume],
+        [{"name": "benchmark-prompts", "mountPath": PROMPTS_MOUNT, "readOnly": True}],
+    )
+
+
+def _dataset(b: api.Benchmark) -> list[str]:
+    """vLLM's random dataset of inputLen-token prompts, or its custom one: a JSONL whose lines carry
+    a `prompt` (vllm/benchmarks/datasets/datasets.py, CustomDataset), sent as they are."""
+    path = _prompts(b)[0]
+    if path is None:
+        return ["--dataset-name=random", f"--random-input-len={b.input_len}", f"--random-output-len={b.output_len}"]
+    return [
+        "--dataset-name=custom",
+        f"--dataset-path={path}",
+        f"--custom-output-len={b.output_len}",
+        "--skip-chat-template",
+    ]
+
+
 def bench_args(plan: ServePlan, base_url: str, tokenizer: str) -> list[str]:
     """`vllm bench serve` flags (vllm/benchmarks/serve.py and datasets.py of the image's release)."""
     b = plan.spec.benchmark
@@ -73,9 +105,7 @@ def bench_args(plan: ServePlan, base_url: str, tokenizer: str) -> list[str]:
         f"--model={plan.served_name}",
         f"--served-model-name={plan.served_name}",
         f"--tokenizer={tokenizer}",
-        "--dataset-name=random",
-        f"--random-input-len={b.input_len}",
-        f"--random-output-len={b.output_len}",
+        *_dataset(b),
         f"--num-prompts={b.num_prompts}",
         f"--max-concurrency={b.max_concurrency}",
         f"--request-rate={b.request_rate:g}" if b.request_rate else "--request-rate=inf",
@@ -102,7 +132,8 @@ def job(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict
     if plan.spec.model.hf_token_secret_ref:
         env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
     memory = settings.benchmark_memory
-    container = {
+    _, prompt_volumes, prompt_mounts = _prompts(b)
+    container: dict[str, Any] = {
         "name": CONTAINER,
         "image": plan.image,
         "command": ["python3", "-c", _program()],
@@ -114,11 +145,12 @@ def job(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict
             {"name": "cache", "mountPath": CACHE_DIR},
             {"name": "tmp", "mountPath": TMP_DIR},
             *common.storage_volume(plan.spec.storage)[1],
+            *prompt_mounts,
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {**common.RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True},
     }
-    model_volumes = [v for v in model.volumes if v["name"] in ("model", "gke-gcsfuse-cache")]
+    model_volumes = [v for v in model.volumes if v["name"] in ("model", FUSE_CACHE_VOLUME)] + prompt_volumes
     pod_spec = {
         "restartPolicy": "Never",
         "containers": [container],
@@ -133,7 +165,8 @@ def job(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict
     }
     if plan.service_account:
         pod_spec["serviceAccountName"] = plan.service_account  # reads the model as the server does
-    annotations = model.annotations if model_volumes else {}  # the FUSE sidecar, for a gs:// model
+    # The FUSE sidecar, for a gs:// model or prompts file.
+    annotations = fuse_annotations(plan) if any("csi" in v for v in model_volumes) else {}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -148,7 +148,10 @@ def plan_serve(
     shape = PRESETS.get(preset) if preset else None
     tp = place.chips or 1
     memory, problems = _memory(spec, place, shape, preset, tp)
-    problems += check_paths({"spec.model.uri": spec.model.uri}, spec.storage, place.accelerator)
+    prompts = spec.benchmark.prompts_uri if spec.benchmark else None
+    problems += check_paths(
+        {"spec.model.uri": spec.model.uri, "spec.benchmark.promptsUri": prompts}, spec.storage, place.accelerator
+    )
     problems += rollout_gate.gate_problems(spec.rollout.gate)
     problems += _benchmark_problems(spec, settings)
     source_problems, warnings = hf_source_checks(spec.model.hf_repo, spec.model.preset, spec.model.hf_token_secret_ref)

@@ -46,3 +46,26 @@ def test_one_job_per_revision_and_load_whatever_the_slo():
     assert benchmark.name(_plan(numPrompts=32)) != base
     assert benchmark.name(_plan(model_uri="gs://out/ft/other/merged")) != base
     assert len(base) <= 63
+
+
+def test_prompts_from_a_jsonl_reach_vllms_custom_dataset():
+    # vllm bench serve's custom dataset reads a JSONL with a `prompt` column (vllm/benchmarks/datasets).
+    job = benchmark.job(_plan(promptsUri="gs://evals/verilog/eval.jsonl", outputLen=64), SETTINGS, None)
+    validate_builtin(job)
+    pod = job["spec"]["template"]
+    [container] = pod["spec"]["containers"]
+    args = container["args"]
+    assert "--dataset-name=custom" in args and "--dataset-path=/benchmark-prompts/eval.jsonl" in args
+    assert "--custom-output-len=64" in args and not any(a.startswith("--random-") for a in args)
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "benchmark-prompts"]
+    assert volume["csi"]["readOnly"] and "only-dir=verilog" in volume["csi"]["volumeAttributes"]["mountOptions"]
+    assert pod["metadata"]["annotations"]["gke-gcsfuse/volumes"] == "true"
+
+
+def test_prompts_on_the_claim_are_read_where_they_are():
+    spec = serve("chat").fine_tune("ft").set("benchmark", {"promptsUri": "/data/eval.jsonl"}).spec
+    spec["storage"] = {"persistentVolumeClaim": "data"}
+    plan = plan_serve("chat", "ns", spec, SETTINGS, model_uri="/data/merged", fine_tune_preset="gemma4-31b")
+    job = benchmark.job(plan, SETTINGS, None)
+    assert "--dataset-path=/data/eval.jsonl" in job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "annotations" not in job["spec"]["template"]["metadata"], "no FUSE sidecar for a claim"

@@ -66,3 +66,10 @@ def test_the_benchmark_and_its_slo_replace_no_pod():
     plain = plan_serve("s", "ns", serve("s").fine_tune("ft").spec, SETTINGS, model_uri="gs://o/m")
     measured = plan_serve("s", "ns", _bench(slo={"ttftP99Ms": 200}), SETTINGS, model_uri="gs://o/m")
     assert plain.revision == measured.revision
+
+
+def test_a_prompts_file_the_pods_cannot_reach_is_refused():
+    spec = _bench(promptsUri="/elsewhere/eval.jsonl") | {"storage": {"persistentVolumeClaim": "data"}}
+    assert (
+        _refusal(spec) == "spec.benchmark.promptsUri: /elsewhere/eval.jsonl is not under spec.storage.mountPath /data"
+    )
