@@ -83,7 +83,7 @@ def step(view: ResourceView, plan: ServePlan, seen: BenchmarkView, d: Decision, 
         done = _finished(s, key)
         if done is None:  # not finished: (re)created idempotently, its name is its key
             d.create.append(benchmark_child.job(plan, settings, view.owner))
-            st["benchmark"] = {**_identity(s, key), "state": "Running", "message": "measuring"}
+            st["benchmark"] = {**_identity(s, key), "state": reasons.RUNNING, "message": "measuring"}
             _drop_slo_met(st)
             return
         st["benchmarks"] = benchmark_results.remember(st.get("benchmarks") or [], done)
