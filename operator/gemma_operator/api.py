@@ -10,6 +10,7 @@ storage, images), and one file read top to bottom is how `kubectl explain` reads
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -737,6 +738,7 @@ class Metrics(Model):
 
 # The longest benchmark a spec may ask for: it shares the service with real traffic.
 MAX_BENCHMARK_SECONDS = 3600
+MAX_BENCHMARK_REQUESTS = 10000
 
 
 class BenchmarkSLO(Model):
@@ -772,7 +774,9 @@ class Benchmark(Model):
 
     input_len: Annotated[int, Field(ge=1, le=262144, description="Prompt tokens per request.")] = 256
     output_len: Annotated[int, Field(ge=1, le=262144, description="Output tokens per request (EOS ignored).")] = 128
-    num_prompts: Annotated[int, Field(ge=1, le=10000, description="Requests sent in all.")] = 64
+    num_prompts: Annotated[
+        int, Field(ge=1, le=MAX_BENCHMARK_REQUESTS, description="Requests sent in all (unless durationSeconds).")
+    ] = 64
     prompts_uri: Annotated[
         Uri | None,
         Field(
@@ -787,6 +791,15 @@ class Benchmark(Model):
     request_rate: Annotated[
         float | None, Field(gt=0, description="Requests started per second (Poisson); unset: as fast as allowed.")
     ] = None
+    duration_seconds: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=MAX_BENCHMARK_SECONDS,
+            description="With requestRate: send requestRate x durationSeconds requests (instead of numPrompts), "
+            "so the load lasts about this long; below timeoutSeconds.",
+        ),
+    ] = None
     timeout_seconds: Annotated[
         int,
         Field(
@@ -797,6 +810,30 @@ class Benchmark(Model):
         ),
     ] = 600
     slo: Annotated[BenchmarkSLO | None, Field(description="What the revision must serve; unset: only measured.")] = None
+
+    @model_validator(mode="after")
+    def _duration(self) -> Benchmark:
+        if self.duration_seconds is None:
+            return self
+        if self.request_rate is None:
+            raise ValueError("benchmark.durationSeconds needs benchmark.requestRate: it sets how many requests")
+        if self.duration_seconds >= self.timeout_seconds:
+            raise ValueError(
+                f"benchmark.durationSeconds {self.duration_seconds} must be below timeoutSeconds {self.timeout_seconds}"
+            )
+        if self.requests > MAX_BENCHMARK_REQUESTS:
+            raise ValueError(
+                f"benchmark.requestRate x durationSeconds is {self.requests} requests: at most {MAX_BENCHMARK_REQUESTS}"
+            )
+        return self
+
+    @property
+    def requests(self) -> int:
+        """The requests sent: numPrompts, or requestRate x durationSeconds."""
+        if self.duration_seconds is None or self.request_rate is None:
+            return self.num_prompts
+        return math.ceil(self.request_rate * self.duration_seconds)
+
     on_miss: Annotated[
         Literal["rollback", "report"],
         Field(

@@ -73,6 +73,21 @@ CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
             "message": "benchmark.inputLen + benchmark.outputLen must be at most vllm.maxModelLen",
         },
     ],
+    api.Benchmark: [
+        {
+            "rule": "!has(self.durationSeconds) || has(self.requestRate)",
+            "message": "benchmark.durationSeconds needs benchmark.requestRate",
+        },
+        {
+            "rule": "!has(self.durationSeconds) || self.durationSeconds < self.timeoutSeconds",
+            "message": "benchmark.durationSeconds must be below timeoutSeconds",
+        },
+        {
+            "rule": "!has(self.durationSeconds) || !has(self.requestRate) "
+            f"|| self.requestRate * double(self.durationSeconds) <= {api.MAX_BENCHMARK_REQUESTS}.0",
+            "message": f"benchmark.requestRate x durationSeconds is at most {api.MAX_BENCHMARK_REQUESTS} requests",
+        },
+    ],
     api.BenchmarkSLO: [
         {
             "rule": "has(self.ttftP99Ms) || has(self.tpotP99Ms) || has(self.itlP99Ms) "

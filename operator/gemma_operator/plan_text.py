@@ -161,7 +161,7 @@ def _benchmark_text(p: ServePlan) -> list[str]:
     judged = f"; SLO {bounds}, on a miss: {b.on_miss}" if slo else "; no SLO (measured only)"
     prompts = f"from {b.prompts_uri} + {b.output_len}" if b.prompts_uri else f"of {b.input_len} + {b.output_len}"
     return [
-        f"  benchmark:     each revision once Ready: {b.num_prompts} prompts {prompts} tokens, "
+        f"  benchmark:     each revision once Ready: {b.requests} prompts {prompts} tokens, "
         f"{b.max_concurrency} in flight{rate}, at most {b.timeout_seconds} s{judged}"
     ]
 

@@ -106,7 +106,7 @@ def bench_args(plan: ServePlan, base_url: str, tokenizer: str) -> list[str]:
         f"--served-model-name={plan.served_name}",
         f"--tokenizer={tokenizer}",
         *_dataset(b),
-        f"--num-prompts={b.num_prompts}",
+        f"--num-prompts={b.requests}",
         f"--max-concurrency={b.max_concurrency}",
         f"--request-rate={b.request_rate:g}" if b.request_rate else "--request-rate=inf",
         "--ignore-eos",  # every request decodes outputLen tokens: the load is what the spec says

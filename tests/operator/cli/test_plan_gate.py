@@ -208,6 +208,13 @@ BREAKS_A_CEL_RULE = {
         "benchmark", {"inputLen": 4000, "outputLen": 200}
     ),
     "set at least one of ttftP99Ms": serve("s").set("benchmark", {"slo": {}}),
+    "benchmark.durationSeconds needs benchmark.requestRate": serve("s").set("benchmark", {"durationSeconds": 60}),
+    "benchmark.durationSeconds must be below timeoutSeconds": serve("s").set(
+        "benchmark", {"durationSeconds": 600, "requestRate": 1}
+    ),
+    "benchmark.requestRate x durationSeconds is at most": serve("s").set(
+        "benchmark", {"durationSeconds": 500, "requestRate": 100}
+    ),
 }
 
 

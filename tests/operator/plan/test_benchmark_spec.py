@@ -73,3 +73,9 @@ def test_a_prompts_file_the_pods_cannot_reach_is_refused():
     assert (
         _refusal(spec) == "spec.benchmark.promptsUri: /elsewhere/eval.jsonl is not under spec.storage.mountPath /data"
     )
+
+
+def test_a_duration_at_a_request_rate_sets_the_requests():
+    plan = plan_serve("s", "ns", _bench(requestRate=2.5, durationSeconds=61), SETTINGS, model_uri="gs://o/m")
+    assert plan.spec.benchmark.requests == 153  # ceil(2.5 x 61)
+    assert "requestRate" in _refusal(_bench(durationSeconds=60)), "a duration without a rate is refused"
