@@ -3,8 +3,10 @@
     python benchmarks/demo_pipeline.py [--vllm-python .venv-vllm/bin/python]
 
 Runs `gemma-tpu dev` in a fresh folder (so nothing is reused from an earlier run) and prints the
-time each resource spent in each phase, the total from apply to the served answers, and how many
-of the fine-tuned model's answers are right.
+time each resource spent in each phase, the total from apply to the served answers, how many
+of the fine-tuned model's answers are right, and what the serving benchmark (spec.benchmark of
+the quick start) adds to the rollout: the time from Ready until its figures are in the status
+(the service is Ready and answers meanwhile), and the figures.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from gemma_devcluster import dev
+from gemma_operator import benchmark_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,6 +46,11 @@ def main() -> None:
     print(f"{'apply -> served answers':<51} {out.total_seconds:8.1f}")
     right = sum(a.correct for a in out.answers)
     print(f"answers of the fine-tuned model right: {right}/{len(out.answers)}")
+    if out.benchmark:
+        b = out.benchmark
+        print(f"{'Ready -> benchmark figures in status':<51} {out.benchmark_seconds:8.1f}")
+        print(f"{'  of which the benchmark itself (vllm bench serve)':<51} {b.get('durationSeconds', 0):8.1f}")
+        print(f"benchmark: {b['state']}: {benchmark_results.describe(b) or b.get('message')}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import logging
 import time
 from typing import Any
 
+from gemma_devcluster import services
 from gemma_devcluster.kubelet import (
     LocalPod,
     Node,
@@ -162,10 +163,12 @@ class NodeAgent:
         if why := unschedulable(pod):
             await self._set_status(pod, waiting_status(container, "Unschedulable", why, scheduled=False))
             return
-        config_maps = {c["metadata"]["name"]: c for c in await self.kube.list("ConfigMap", meta["namespace"])}
-        secrets_ = {s["metadata"]["name"]: s for s in await self.kube.list("Secret", meta["namespace"])}
+        config_maps, secrets_ = await self._config(pod)
+        routes = services.routes(
+            await self.kube.list("Service", meta["namespace"]), await self.kube.list("Pod", meta["namespace"])
+        )
         try:
-            local = await asyncio.to_thread(LocalPod.start, pod, self.node, config_maps, secrets_)
+            local = await asyncio.to_thread(LocalPod.start, pod, self.node, config_maps, secrets_, routes)
         except PodStartError as e:
             await self._set_status(pod, waiting_status(container, e.reason, str(e)))
             return

@@ -29,14 +29,14 @@ from typing import Any
 import kmock
 import yaml
 
-from gemma_devcluster import tiny
+from gemma_devcluster import services, tiny
 from gemma_devcluster.agent import NodeAgent
 from gemma_devcluster.apiserver import ApiServer, write_kubeconfig
 from gemma_devcluster.display import Table
 from gemma_devcluster.kinds import LOCAL_KINDS
-from gemma_devcluster.kubelet import HOST_PORT_ANNOTATION, Node
+from gemma_devcluster.kubelet import Node
 from gemma_devcluster.processes import port_in_use
-from gemma_operator import api, runner
+from gemma_operator import api, benchmark_results, runner
 from gemma_operator.kube import Kube
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import run_dir
@@ -75,6 +75,8 @@ class Outcome:
     phases: list[tuple[str, str, float]] = field(default_factory=list)
     total_seconds: float = 0.0
     data_dir: Path | None = None
+    benchmark: dict[str, Any] | None = None  # status.benchmark of the served revision, once measured
+    benchmark_seconds: float = 0.0  # from Ready until its figures reached the status
 
 
 def _prerequisites(args: argparse.Namespace) -> None:
@@ -167,14 +169,10 @@ async def _serving_port(kube: Kube, serve: dict | None) -> int | None:
     svc = await kube.get("Service", serve["metadata"]["namespace"], f"{serve['metadata']['name']}-vllm")
     if svc is None:
         return None
-    selector = ",".join(f"{k}={v}" for k, v in svc["spec"]["selector"].items())
-    for pod in await kube.list("Pod", svc["metadata"]["namespace"], selector):
-        ready = any(
-            c["type"] == "Ready" and c["status"] == "True" for c in (pod.get("status") or {}).get("conditions") or []
-        )
-        if ready and HOST_PORT_ANNOTATION in (pod["metadata"].get("annotations") or {}):
-            return int(pod["metadata"]["annotations"][HOST_PORT_ANNOTATION])
-    return None
+    meta = svc["metadata"]
+    table = services.routes([svc], await kube.list("Pod", meta["namespace"]))
+    route = table.get(f"{meta['name']}.{meta['namespace']}.svc:{svc['spec']['ports'][0]['port']}")
+    return int(route.rsplit(":", 1)[1]) if route else None
 
 
 def _service_accounts(docs: list[dict], settings: OperatorSettings) -> list[tuple[str, str]]:
@@ -293,6 +291,7 @@ async def _follow(
                 )
         port = await _serving_port(kube, out.serve)
         if port and out.serve:
+            ready = time.monotonic()
             out.endpoint = f"http://127.0.0.1:{port}/v1"
             base = _base_answers(out.data_dir, out.fine_tune) if out.data_dir and out.fine_tune else {}
             try:
@@ -300,6 +299,8 @@ async def _follow(
             except (urllib.error.URLError, OSError, KeyError) as e:
                 raise DevError(f"the served model did not answer: {e}") from None
             _print_answers(out.answers)
+            out.benchmark = await _benchmark(kube, out.serve, stop, deadline)
+            out.benchmark_seconds = time.monotonic() - ready
             return out
         if time.monotonic() > deadline:
             raise DevError(
@@ -311,6 +312,20 @@ async def _follow(
             )
         await asyncio.sleep(0.5)
     return out
+
+
+async def _benchmark(kube: Kube, serve: dict, stop: asyncio.Event, deadline: float) -> dict[str, Any] | None:
+    """The served revision's benchmark (spec.benchmark), once its Job has finished."""
+    if not (serve.get("spec") or {}).get("benchmark"):
+        return None
+    meta = serve["metadata"]
+    while not stop.is_set() and time.monotonic() < deadline:
+        st = ((await kube.get(api.SERVE.kind, meta["namespace"], meta["name"])) or {}).get("status") or {}
+        figures = st.get("benchmark") or {}
+        if figures.get("revision") == st.get("revision") and figures.get("state") in ("Succeeded", "Failed"):
+            return figures
+        await asyncio.sleep(0.5)
+    return None
 
 
 async def _crash_loop(kube: Kube) -> str | None:
@@ -344,6 +359,17 @@ def _summary(out: Outcome, url: str) -> None:
     )
     if gate:
         print(f"rollout gate: {'passed' if gate['status'] == 'True' else 'blocked'}: {gate.get('message', '')}")
+    if out.benchmark:
+        b = out.benchmark
+        spec = ((out.serve or {}).get("spec") or {}).get("benchmark") or {}
+        load = ", ".join(
+            f"{k} {spec[k]}" for k in ("numPrompts", "inputLen", "outputLen", "maxConcurrency") if k in spec
+        )
+        print(f"\nserving benchmark of revision {b['revision']} (vllm bench serve: {load}):")
+        if b["state"] == "Succeeded":
+            print(f"  {benchmark_results.describe(b)}; figures {out.benchmark_seconds:.1f} s after Ready")
+        else:
+            print(f"  failed: {b.get('message')}")
     print("\nartifacts:")
     print(f"  LoRA checkpoint  {local(outputs.get('checkpoint'))}")
     print(f"  merged model     {local(outputs.get('merged'))}")

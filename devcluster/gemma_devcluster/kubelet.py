@@ -68,7 +68,15 @@ class LocalPod:
     # ------------------------------------------------------------------ start
 
     @classmethod
-    def start(cls, pod: dict[str, Any], node: Node, config_maps: dict[str, dict], secrets: dict[str, dict]) -> LocalPod:
+    def start(
+        cls,
+        pod: dict[str, Any],
+        node: Node,
+        config_maps: dict[str, dict],
+        secrets: dict[str, dict],
+        routes: dict[str, str] | None = None,
+    ) -> LocalPod:
+        """Start the pod's container; `routes` (services.routes) is the cluster DNS it sees."""
         meta = pod["metadata"]
         [container] = pod["spec"]["containers"]
         bin_dir = node.images.get(container["image"])
@@ -87,6 +95,7 @@ class LocalPod:
         except (volumes.VolumeError, KeyError) as e:
             raise PodStartError("CreateContainerConfigError", str(e).strip("'\"")) from None
         command = mounts.translate_all([*(container.get("command") or []), *(container.get("args") or [])])
+        command = [_route(arg, routes or {}) for arg in command]
         host_port = None
         ports = container.get("ports") or []
         if ports:
@@ -198,6 +207,13 @@ class LocalPod:
                 }
             ],
         }
+
+
+def _route(arg: str, routes: dict[str, str]) -> str:
+    """An argument with every Service address the cluster DNS knows replaced (longest first)."""
+    for address in sorted(routes, key=len, reverse=True):
+        arg = arg.replace(address, routes[address])
+    return arg
 
 
 def _swap_port(arg: str, port: int, host_port: int) -> str:

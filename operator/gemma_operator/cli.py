@@ -25,7 +25,7 @@ from pydantic import TypeAdapter
 
 from gemma_operator import api, crd, crd_validation, plan_text
 from gemma_operator.children import merge_objects, serving_objects, training_objects
-from gemma_operator.plan import SpecError, plan_finetune, plan_serve
+from gemma_operator.plan import ServePlan, SpecError, plan_finetune, plan_serve
 from gemma_operator.plan.served_model import served_model
 from gemma_operator.settings import load_settings
 
@@ -224,11 +224,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plans, _, problems = _plan_files(args)
     if problems:
         return _fail(problems)
+    fine_tunes = {(p.namespace, p.name): p for kind, p in plans if kind == api.FINETUNE.kind}
+    served = [(p, fine_tunes.get((p.namespace, _served_fine_tune(p)))) for _, p in plans]
     if args.output == "json":
-        print(json.dumps([plan_text.as_dict(p) for _, p in plans], indent=2))
+        print(json.dumps([plan_text.as_dict(p, ft) for p, ft in served], indent=2))
     else:
-        print("\n\n".join(plan_text.as_text(p) for _, p in plans))
+        print("\n\n".join(plan_text.as_text(p, ft) for p, ft in served))
     return 0
+
+
+def _served_fine_tune(p: Any) -> str | None:
+    """The GemmaFineTune a GemmaServe plan serves (None for a fine-tune's own plan)."""
+    ref = p.spec.model.fine_tune_ref if isinstance(p, ServePlan) else None
+    return ref.name if ref else None
 
 
 def cmd_crds(args: argparse.Namespace) -> int:

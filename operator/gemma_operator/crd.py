@@ -61,6 +61,39 @@ CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
             "rule": "!has(self.rollout) || !has(self.rollout.gate) || size(self.rollout.gate) == 0 || has(self.model.fineTuneRef)",
             "message": "rollout.gate is only used with model.fineTuneRef",
         },
+        {
+            "rule": "!has(self.benchmark) || !has(self.benchmark.onMiss) || self.benchmark.onMiss != 'rollback' "
+            "|| has(self.model.fineTuneRef)",
+            "message": "benchmark.onMiss rollback is only used with model.fineTuneRef",
+        },
+        {
+            # The API server defaults before it validates, and vllm has a whole default (_object_defaults).
+            "rule": "!has(self.benchmark) || self.benchmark.inputLen + self.benchmark.outputLen <= "
+            "self.vllm.maxModelLen",
+            "message": "benchmark.inputLen + benchmark.outputLen must be at most vllm.maxModelLen",
+        },
+    ],
+    api.Benchmark: [
+        {
+            "rule": "!has(self.durationSeconds) || has(self.requestRate)",
+            "message": "benchmark.durationSeconds needs benchmark.requestRate",
+        },
+        {
+            "rule": "!has(self.durationSeconds) || self.durationSeconds < self.timeoutSeconds",
+            "message": "benchmark.durationSeconds must be below timeoutSeconds",
+        },
+        {
+            "rule": "!has(self.durationSeconds) || !has(self.requestRate) "
+            f"|| self.requestRate * double(self.durationSeconds) <= {api.MAX_BENCHMARK_REQUESTS}.0",
+            "message": f"benchmark.requestRate x durationSeconds is at most {api.MAX_BENCHMARK_REQUESTS} requests",
+        },
+    ],
+    api.BenchmarkSLO: [
+        {
+            "rule": "has(self.ttftP99Ms) || has(self.tpotP99Ms) || has(self.itlP99Ms) "
+            "|| has(self.minOutputTokensPerSecond)",
+            "message": "set at least one of ttftP99Ms, tpotP99Ms, itlP99Ms or minOutputTokensPerSecond",
+        },
     ],
 }
 

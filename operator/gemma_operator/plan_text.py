@@ -121,7 +121,53 @@ def _serving_cost_text(d: dict[str, Any] | None, price: pricing.Price | None) ->
     ]
 
 
-def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:
+def _with_training(sp: ServePlan, ft: FineTunePlan | None) -> dict[str, Any] | None:
+    """One training run of the fine-tune a service serves, plus 30 days of serving it (at each
+    replica count it runs at): what a model costs from training to a month in production."""
+    if ft is None or ft.estimate is None or sp.cost is None:
+        return None
+    run = round(ft.estimate.cost, 2)
+    return {
+        "fineTune": ft.name,
+        "trainingRun": run,
+        "at": {
+            field: {
+                "replicas": n,
+                "serving30Days": round(sp.cost.per_30_days(n), 2),
+                "total": round(run + sp.cost.per_30_days(n), 2),
+            }
+            for field, n in sp.cost.replicas.items()
+        },
+    }
+
+
+def _with_training_text(d: dict[str, Any] | None) -> list[str]:
+    if d is None:
+        return []
+    at = "; ".join(
+        f"at {field} {a['replicas']}: ${d['trainingRun']:,.2f} + ${a['serving30Days']:,.2f} = ${a['total']:,.2f}"
+        for field, a in d["at"].items()
+    )
+    return [f"  with training: one run of GemmaFineTune {d['fineTune']} and 30 days of serving: {at}"]
+
+
+def _benchmark_text(p: ServePlan) -> list[str]:
+    b = p.spec.benchmark
+    if b is None:
+        return []
+    rate = f", {b.request_rate:g} requests/s" if b.request_rate else ""
+    slo = b.slo.model_dump(by_alias=True, exclude_none=True) if b.slo else {}
+    bounds = ", ".join(f"{k} {v:g}" for k, v in slo.items())
+    judged = f"; SLO {bounds}, on a miss: {b.on_miss}" if slo else "; no SLO (measured only)"
+    prompts = f"from {b.prompts_uri} + {b.output_len}" if b.prompts_uri else f"of {b.input_len} + {b.output_len}"
+    return [
+        f"  benchmark:     each revision once Ready: {b.requests} prompts {prompts} tokens, "
+        f"{b.max_concurrency} in flight{rate}, at most {b.timeout_seconds} s{judged}"
+    ]
+
+
+def as_dict(p: FineTunePlan | ServePlan, fine_tune: FineTunePlan | None = None) -> dict[str, Any]:
+    """The plan as data; a GemmaServe's with the cost of `fine_tune`'s run beside its serving."""
     if isinstance(p, ServePlan):
         return {
             "kind": "GemmaServe",
@@ -139,6 +185,10 @@ def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:
             **model_delivery.describe(p),
             "rolloutGate": [g.model_dump(mode="json", by_alias=True, exclude_none=True) for g in p.spec.rollout.gate],
             "cost": _serving_cost(p.cost),
+            "withTraining": _with_training(p, fine_tune),
+            "benchmark": p.spec.benchmark.model_dump(mode="json", by_alias=True, exclude_none=True)
+            if p.spec.benchmark
+            else None,
             "warnings": list(p.warnings),
         }
     est = p.estimate
@@ -176,8 +226,8 @@ def as_dict(p: FineTunePlan | ServePlan) -> dict[str, Any]:
     }
 
 
-def as_text(p: FineTunePlan | ServePlan) -> str:
-    d = as_dict(p)
+def as_text(p: FineTunePlan | ServePlan, fine_tune: FineTunePlan | None = None) -> str:
+    d = as_dict(p, fine_tune)
     s = d["slice"]
     where = (
         f"{s['name']} ({s['topology']}): {s['hosts']} host(s) x {s['chipsPerHost']} chips, {s['machineType']}"
@@ -197,7 +247,9 @@ def as_text(p: FineTunePlan | ServePlan) -> str:
             *([f"  rollout gate:  {rollout_gate.describe(p.spec.rollout.gate)}"] if p.spec.model.fine_tune_ref else []),
             f"  compile cache: {d['compileCache'] or 'none (every restart compiles again)'}",
             *([f"  download:      {_staging_text(d['download'])}"] if d["download"] else []),
+            *_benchmark_text(p),
             *_serving_cost_text(d["cost"], p.cost.price if p.cost else None),
+            *_with_training_text(d["withTraining"]),
             *_warnings_text(d["warnings"]),
         ]
         return "\n".join(lines)

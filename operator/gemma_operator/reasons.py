@@ -30,6 +30,7 @@ DEPENDENCY_MISSING = "DependencyMissing"
 GATE_PASSED = "GatePassed"
 MODEL_READY = "ModelReady"
 EVALUATED = "Evaluated"
+SLO_MET = "SLOMet"  # the current revision's benchmark meets spec.benchmark.slo
 PODS_CREATED = "PodsCreated"  # False while the workload's pods are refused; True once they exist again
 RECONCILING = "Reconciling"  # with Ready and Stalled: the kstatus conditions
 STALLED = "Stalled"
@@ -65,6 +66,11 @@ NO_EVALUATION = "NoEvaluation"
 EVALUATION_NOT_FINITE = "EvaluationNotFinite"
 METRIC_FAILED = "MetricFailed"
 METRIC_MISSING = "MetricMissing"
+BENCHMARKED = "Benchmarked"  # a Normal Event with a revision's figures
+BENCHMARK_FAILED = "BenchmarkFailed"  # a Warning Event: the benchmark Job measured nothing
+WITHIN_SLO = "WithinSLO"
+SLO_MISSED = "SLOMissed"
+ROLLED_BACK = "RolledBack"  # SLOMet False: the run was rejected and the previous one restored
 
 # Upstream vocabulary the operator reads: Pod phases (core/v1 PodPhase), Job and JobSet condition
 # types (batch/v1 JobConditionType, jobset.x-k8s.io), Deployment conditions and their reasons

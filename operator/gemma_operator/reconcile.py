@@ -359,6 +359,7 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:  
     async def serve_event(type: str, body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
         if type == "DELETED":
             controller.forget(api.SERVE.kind, namespace, name)
+            prometheus_metrics.benchmark(namespace, name, None)
         else:
             await controller.reconcile(api.SERVE.kind, namespace, name, watched=body)
 

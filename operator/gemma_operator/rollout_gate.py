@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,9 +118,18 @@ class Selection:
     passed: list[str] = field(default_factory=list)  # runs that pass, newest first
 
 
-def select(gate: list[api.GateCondition], runs: list[dict[str, Any]], served: str | None, pin: str | None) -> Selection:
-    """What to serve, from the fine-tune's runs (newest first), the gate, the pin and the output served now."""
-    verdicts = [(r, check(gate, r)) for r in runs]
+def select(
+    gate: list[api.GateCondition],
+    runs: list[dict[str, Any]],
+    served: str | None,
+    pin: str | None,
+    rejected: Collection[str] = (),
+) -> Selection:
+    """What to serve, from the fine-tune's runs (newest first), the gate, the pin and the output served
+    now. A run `rejected` by the benchmark's SLO (lifecycle/serve_benchmark.py) is not a candidate,
+    unless pinned: a pin is a person's explicit choice."""
+    eligible = runs if pin is not None else [r for r in runs if r["run"] not in rejected]
+    verdicts = [(r, check(gate, r)) for r in eligible]
     passed = [r["run"] for r, v in verdicts if v.passed]
     pin_missing = None
     if pin is not None:
@@ -139,7 +148,9 @@ def select(gate: list[api.GateCondition], runs: list[dict[str, Any]], served: st
     return Selection(action, uri if action is not Action.WAIT else None, run, verdict, pin_missing, passed)
 
 
-def select_for(spec: dict[str, Any], fine_tune: dict[str, Any] | None, served: str | None) -> Selection:
+def select_for(
+    spec: dict[str, Any], fine_tune: dict[str, Any] | None, served: str | None, rejected: Collection[str] = ()
+) -> Selection:
     """`select` for a GemmaServe spec as stored (a gate that does not parse counts as none: the
     spec is then refused as invalid anyway) and the referenced GemmaFineTune as read."""
     model = spec.get("model") or {}
@@ -148,7 +159,7 @@ def select_for(spec: dict[str, Any], fine_tune: dict[str, Any] | None, served: s
     except ValidationError:
         gate = []
     pin = (model.get("fineTuneRef") or {}).get("run")
-    return select(gate, evaluation.runs_of((fine_tune or {}).get("status") or {}), served, pin)
+    return select(gate, evaluation.runs_of((fine_tune or {}).get("status") or {}), served, pin, rejected)
 
 
 def gate_problems(gate: list[api.GateCondition]) -> list[str]:

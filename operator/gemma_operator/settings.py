@@ -183,6 +183,17 @@ class OperatorSettings(_Settings):
     spot_termination_grace_seconds: Annotated[
         int, Field(ge=0, le=120, description="Grace a Spot pod gets after a reclaim notice (GKE: 15 s by default).")
     ] = 15
+    benchmark_max_seconds: Annotated[
+        int,
+        Field(
+            ge=30,
+            le=3600,
+            description="Longest benchmark a GemmaServe may ask for (spec.benchmark.timeoutSeconds): it shares "
+            "the service with real traffic.",
+        ),
+    ] = 1800
+    benchmark_cpu: str = Field(default="1", description="CPU request of a benchmark client pod.")
+    benchmark_memory: str = Field(default="2Gi", description="Memory request and limit of a benchmark client pod.")
     progress_poll_seconds: Annotated[
         float, Field(gt=0, description="How often live training progress is read from pod logs.")
     ] = 30.0

@@ -236,3 +236,49 @@ def test_every_example_servers_flags_are_accepted_by_the_pinned_vllm(vllm_python
         assert args["tensor_parallel_size"] == plan.tensor_parallel > 1
         assert args["max_model_len"] == plan.spec.vllm.max_model_len
         assert args["disable_chunked_mm_input"] is True and args["port"] == 8000
+
+
+BENCH_PARSE = """
+import json, sys
+from vllm.benchmarks.serve import add_cli_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+out = []
+for argv in json.loads(sys.stdin.read()):
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    out.append({k: v for k, v in vars(parser.parse_args(argv)).items() if isinstance(v, (str, int, float, list))})
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_the_benchmark_jobs_flags_are_vllm_bench_serves(vllm_python):
+    """The benchmark Job's arguments, random prompts and a prompts file, through the parser the Job's
+    program uses (vllm.benchmarks.serve.add_cli_args, as `vllm bench serve`)."""
+    from tests.support.builders import serve
+
+    from gemma_operator.children import benchmark
+    from gemma_operator.plan import plan_serve
+
+    argvs = []
+    for extra in (
+        {"requestRate": 2, "slo": {"ttftP99Ms": 800, "tpotP99Ms": 40}},
+        {"promptsUri": "gs://evals/eval.jsonl"},
+    ):
+        spec = serve("s").fine_tune("ft").set("benchmark", {"numPrompts": 5, "maxConcurrency": 3, **extra}).spec
+        plan = plan_serve("s", "ns", spec, OperatorSettings(), model_uri="gs://o/m", fine_tune_preset="gemma4-31b")
+        argvs.append(benchmark.job(plan, OperatorSettings(), None)["spec"]["template"]["spec"]["containers"][0]["args"])
+    result = subprocess.run(
+        [str(vllm_python), "-c", BENCH_PARSE], input=json.dumps(argvs), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    random, custom = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (random["dataset_name"], random["random_input_len"], random["random_output_len"]) == ("random", 256, 128)
+    assert (random["num_prompts"], random["max_concurrency"], random["request_rate"]) == (5, 3, 2.0)
+    assert random["goodput"] == ["ttft:800", "tpot:40"] and random["metric_percentiles"] == "50,90,99"
+    assert random["base_url"] == "http://s-vllm.ns.svc:8000" and random["model"] == "s"
+    assert (custom["dataset_name"], custom["dataset_path"], custom["custom_output_len"]) == (
+        "custom",
+        "/benchmark-prompts/eval.jsonl",
+        128,
+    )

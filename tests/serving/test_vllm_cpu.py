@@ -1,17 +1,29 @@
 """A real vLLM server, started with the command line the operator renders for the cpu profile,
-serves a merged tiny Gemma 4 exactly as transformers runs it, behind the API key from its Secret."""
+serves a merged tiny Gemma 4 exactly as transformers runs it, behind the API key from its Secret;
+the benchmark Job the operator renders, run as the local node runs pods, measures it."""
 
+import base64
 import json
 import secrets
 import socket
+import time
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from tests.support.builders import serve
+from tests.support.phases import COMPLETE, DEPLOYMENT_READY, T0, with_status
 
-from gemma_devcluster import local_vllm, tiny
+from gemma_devcluster import local_vllm, services, tiny
+from gemma_devcluster.kubelet import HOST_PORT_ANNOTATION, LocalPod, Node
 from gemma_operator.api import SecretKeyRef
+from gemma_operator.children import benchmark, serving, serving_objects
 from gemma_operator.children.vllm import VllmLaunch
+from gemma_operator.lifecycle import serve as serve_lifecycle
+from gemma_operator.lifecycle.serve_benchmark import BenchmarkView
+from gemma_operator.plan import plan_serve
+from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import MergeConfig
 from gemma_workloads.merging import merger as merge
 
@@ -138,3 +150,105 @@ def test_api_key_from_the_secret_is_enforced(server):
     assert post(server, "/v1/completions", request)[0] == 200
     cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes()
     assert API_KEY.encode() not in cmdline, "the API key must not be on the command line"
+
+
+# ---------------------------------------------------------------------------- the benchmark Job
+
+BENCH_NS, CLAIM = "default", "gemma-data"
+BENCH = {"inputLen": 32, "outputLen": 8, "numPrompts": 6, "maxConcurrency": 2, "timeoutSeconds": 300}
+
+
+def _benchmark_plan(checkpoint):
+    """A cpu GemmaServe of the served checkpoint, read from a claim as a pod reads it, with a benchmark."""
+    spec = (
+        serve("tiny")
+        .tpu("cpu")
+        .set("model", {"uri": f"/data/{checkpoint.path.name}", "servedName": SERVED_NAME})
+        .set("storage", {"persistentVolumeClaim": CLAIM, "mountPath": "/data"})
+        .set("vllm", {"maxModelLen": 512, "maxNumSeqs": 4, "apiKeySecretRef": KEY_REF.model_dump(by_alias=True)})
+        .set("benchmark", BENCH)
+        .spec
+    )
+    return plan_serve("tiny", BENCH_NS, spec, OperatorSettings())
+
+
+def _decide(plan, status, job=None, pods=()):
+    deployment = serving_objects(plan, OperatorSettings())[0]
+    deployment["metadata"]["generation"] = 1
+    view = serve_lifecycle.ServeView(
+        name="tiny",
+        namespace=BENCH_NS,
+        generation=1,
+        status=status,
+        problems=[],
+        owner=None,
+        now=T0,
+        plan=plan,
+        workload=with_status(deployment, DEPLOYMENT_READY),
+        benchmark=BenchmarkView(job, list(pods)),
+    )
+    return serve_lifecycle.decide(view, OperatorSettings())
+
+
+def _run_pod(job, server, plan, vllm_python, checkpoint, workdir) -> dict:
+    """Run the Job's pod as the local node's kubelet runs it, with the Service routed to the server."""
+    template = job["spec"]["template"]
+    pod = {"metadata": {**template["metadata"], "name": "bench-0", "namespace": BENCH_NS}, "spec": template["spec"]}
+    port = server.base_url.rsplit(":", 1)[1]
+    behind = {
+        "metadata": {
+            "name": "tiny-vllm-0",
+            "namespace": BENCH_NS,
+            "labels": serving.selector(plan),
+            "annotations": {HOST_PORT_ANNOTATION: port},
+        },
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    service = next(o for o in serving_objects(plan, OperatorSettings()) if o["kind"] == "Service")
+    node = Node(workdir, {plan.image: vllm_python.parent}, {CLAIM: checkpoint.path.parent})
+    secret = {KEY_REF.name: {"data": {KEY_REF.key: base64.b64encode(API_KEY.encode()).decode()}}}
+    local = LocalPod.start(pod, node, {}, secret, services.routes([service], [behind]))
+    deadline = time.monotonic() + BENCH["timeoutSeconds"]
+    while local.exit_code() is None and time.monotonic() < deadline:
+        time.sleep(1)
+    local.stop(5)
+    status = local.status()
+    assert status["phase"] == "Succeeded", local.group.log_tail(40)
+    return {**pod, "status": status}
+
+
+def _streamed_ttft(server, prompt: str) -> float:
+    """Seconds from sending a streamed completion until its first token arrives."""
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 8, "stream": True, "temperature": 0}
+    request = urllib.request.Request(
+        f"{server.base_url}/v1/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
+    )
+    started = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=60) as response:
+        for line in response:
+            if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0].get("text"):
+                return time.perf_counter() - started
+    raise AssertionError("the stream ended without a token")
+
+
+def test_the_benchmark_job_measures_the_real_server_once(server, checkpoint, vllm_python, tmp_path):
+    plan = _benchmark_plan(checkpoint)
+    first = _decide(plan, {})
+    [job] = [o for o in first.create if o["kind"] == "Job"]
+    assert job["metadata"]["name"] == benchmark.name(plan)
+    pod = _run_pod(job, server, plan, vllm_python, checkpoint, tmp_path)
+    done = _decide(plan, first.status, with_status(job, COMPLETE), [pod])
+    figures = done.status["benchmark"]
+    print(f"\nbenchmark figures: {json.dumps(figures, sort_keys=True)}")
+    assert figures["state"] == "Succeeded" and figures["revision"] == plan.revision
+    assert (figures["completed"], figures["errors"]) == (BENCH["numPrompts"], 0)
+    assert 0 < figures["ttftP50Ms"] <= figures["ttftP90Ms"] <= figures["ttftP99Ms"]
+    assert figures["outputTokensPerSecond"] > 0 and figures["tpotP50Ms"] > 0
+    assert not [o for o in _decide(plan, done.status).create if o["kind"] == "Job"], "measured once per revision"
+    # The figures are this server's: a request of the same shape, streamed by the test, sees a
+    # time to first token in their range (wide bounds: this machine's other work adds noise).
+    mine = [_streamed_ttft(server, " ".join(["word"] * 30)) * 1000 for _ in range(3)]
+    print(f"streamed TTFT of the test's own requests (ms): {[round(t, 1) for t in mine]}")
+    assert figures["ttftP50Ms"] / 5 <= sorted(mine)[1] <= figures["ttftP99Ms"] * 5

@@ -67,7 +67,7 @@ def fuse_volume(name: str, uri: str, read_only: bool, extra_options: list[str], 
     }
 
 
-def _fuse_annotations(plan: ServePlan) -> dict[str, str]:
+def fuse_annotations(plan: ServePlan) -> dict[str, str]:
     g = plan.spec.gcs_fuse
     return {
         "gke-gcsfuse/volumes": "true",
@@ -113,7 +113,7 @@ def delivery(plan: ServePlan) -> Delivery:
             MODEL_MOUNT,
             [volume, cache],
             [{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}],
-            annotations=_fuse_annotations(plan),
+            annotations=fuse_annotations(plan),
         )
     else:
         out = Delivery(uri)
@@ -122,7 +122,7 @@ def delivery(plan: ServePlan) -> Delivery:
     if cc is not None:
         if cc.uri:
             out.volumes.append(fuse_volume("xla-cache", cc.uri, False, [], {}))
-            out.annotations.update(_fuse_annotations(plan))
+            out.annotations.update(fuse_annotations(plan))
         else:
             out.volumes.append({"name": "xla-cache", "persistentVolumeClaim": {"claimName": cc.pvc}})
         out.mounts.append({"name": "xla-cache", "mountPath": XLA_CACHE_MOUNT})

@@ -13,14 +13,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gemma_operator import evaluation, reasons, rollout_gate
+from pydantic import ValidationError
+
+from gemma_operator import api, evaluation, reasons, rollout_gate
 from gemma_operator.api import GemmaServeStatus as Status
-from gemma_operator.children import serving, serving_objects
+from gemma_operator.children import benchmark, serving, serving_objects
+from gemma_operator.clock import parse_time, timestamp
 from gemma_operator.conditions import condition, find
+from gemma_operator.lifecycle import serve_benchmark
 from gemma_operator.lifecycle.common import Decision, ResourceView, decide_with, set_cond
+from gemma_operator.lifecycle.finetune import ACCOUNT_EVERY
 from gemma_operator.plan import ServePlan
 from gemma_operator.plan.served_model import served_model
 from gemma_operator.settings import OperatorSettings
+from gemma_operator.status import read as read_status
 
 
 @dataclass
@@ -33,6 +39,7 @@ class ServeView(ResourceView):
     workload: dict | None = None  # the Deployment or LeaderWorkerSet the plan wants
     extras: list[dict] = field(default_factory=list)  # other serving children that exist now
     pods: list[dict] = field(default_factory=list)
+    benchmark: serve_benchmark.BenchmarkView = field(default_factory=serve_benchmark.BenchmarkView)
 
     @property
     def valid_plan(self) -> ServePlan:
@@ -50,6 +57,7 @@ class Reads:
     addons: dict[str, bool]
     name: str
     workload_kind: str
+    benchmark_job: str | None = None  # the Job that measures the current revision, with spec.benchmark
 
 
 def reads(plan: ServePlan) -> Reads | None:
@@ -62,17 +70,34 @@ def reads(plan: ServePlan) -> Reads | None:
         ("PodMonitoring", False, m.pod_monitoring),
     )
     workload_kind = "LeaderWorkerSet" if plan.multi_host else "Deployment"
-    return Reads({kind: blocking for kind, blocking, wanted in needed if wanted}, serving.name(plan), workload_kind)
+    return Reads(
+        {kind: blocking for kind, blocking, wanted in needed if wanted},
+        serving.name(plan),
+        workload_kind,
+        benchmark.name(plan) if plan.spec.benchmark else None,
+    )
+
+
+def rejected_runs(spec: dict[str, Any], raw_status: dict[str, Any] | None) -> frozenset[str]:
+    """The runs the benchmark's SLO rejected, for a spec and status as stored (a spec that does not
+    parse rejects none)."""
+    try:
+        bench = api.GemmaServeSpec.model_validate(spec).benchmark
+    except ValidationError:
+        return frozenset()
+    return serve_benchmark.rejected_runs(bench, read_status(Status, raw_status).rejected_runs)
 
 
 def resolve_model(
     ref_name: str | None, fine_tune: dict | None, status: dict[str, Any], spec: dict[str, Any] | None = None
 ) -> str | None:
     """The newest of the fine-tune's merged outputs that passes the spec's rollout gate (or the
-    pinned run's); while none does, or while the fine-tune re-runs, the output already served."""
+    pinned run's) and was not rejected by its SLO; while none does, or while the fine-tune
+    re-runs, the output already served."""
     if ref_name is None:
         return None
-    return served_model(spec or {}, None, fine_tune or {}, status.get("modelUri")).uri
+    spec = spec or {}
+    return served_model(spec, None, fine_tune or {}, status.get("modelUri"), rejected_runs(spec, status)).uri
 
 
 def decide(v: ServeView, settings: OperatorSettings) -> Decision[Status]:
@@ -97,7 +122,10 @@ def _advance(v: ServeView, d: Decision[Status], settings: OperatorSettings) -> N
     wanted = {(o["kind"], o["metadata"]["name"]) for o in d.create}
     d.delete += [o for o in v.extras if (o["kind"], o["metadata"]["name"]) not in wanted]  # e.g. autoscaling removed
     st.model_uri, st.served_model_name, st.endpoint = p.model_uri, p.served_name, serving.endpoint(p)
+    replicas_before = st.replicas or 0  # what the slices held since the last account
     _rollout(v, st)
+    _account(v, st, replicas_before)
+    serve_benchmark.step(v, p, v.benchmark, d, settings)
 
 
 def _model_ready(v: ServeView, st: Status, model_uri: str, sel: rollout_gate.Selection | None) -> None:
@@ -172,6 +200,24 @@ def _rollout(v: ServeView, st: Status) -> None:
         st.message = f"rolling out {progress}" + (f" ({problem})" if problem else "")
 
 
+def _account(v: ServeView, st: Status, replicas: int) -> None:
+    """status.servingCost: the slices the service holds (replicas asked x chips x the chip-hour
+    price) since its workload exists, brought up to date at most every ACCOUNT_EVERY seconds, in
+    whole seconds, at the replica count the previous reconcile saw (`replicas`)."""
+    cost = v.valid_plan.cost
+    if cost is None or v.workload is None:
+        return
+    now, last = v.now.replace(microsecond=0), parse_time(st.cost_accounted_at)
+    if last is not None and (now - last).total_seconds() < ACCOUNT_EVERY:
+        return
+    if last is not None and now > last:
+        held = cost.hourly(replicas) * (now - last).total_seconds() / 3600
+        st.serving_cost = round((st.serving_cost or 0.0) + held, 4)
+    if st.serving_cost is None:
+        st.serving_cost = 0.0
+    st.cost_accounted_at = timestamp(now)
+
+
 def _stuck(v: ServeView, st: Status, ready: int, why: str) -> None:
     """A rollout past its progress deadline: Failed with no replica ready, else the previous revision serves."""
     revision = v.valid_plan.revision
@@ -195,6 +241,7 @@ def _gate(v: ServeView, d: Decision[Status]) -> rollout_gate.Selection:
         evaluation.runs_of((v.fine_tune or {}).get("status") or {}),
         st.model_uri,
         ref.run if ref else None,
+        serve_benchmark.rejected_runs(spec.benchmark, st.rejected_runs),
     )
     st.passed_runs = sel.passed
     st.run = sel.run or None  # None: nothing served, or an output the fine-tune no longer lists

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from gemma_operator import api, prometheus_metrics, reasons
-from gemma_operator.children import common, serving, training
+from gemma_operator.children import benchmark, common, serving, training
 from gemma_operator.kinds import where
-from gemma_operator.lifecycle import finetune, serve
+from gemma_operator.lifecycle import finetune, serve, serve_benchmark
 from gemma_operator.lifecycle.common import Decision, ResourceView
 from gemma_operator.lifecycle.reads import AddOns, Found, Get, Listed, Pods, ProgressLog, Read, Refusal
 from gemma_operator.plan import FineTunePlan, ServePlan, SpecError, plan_finetune, plan_serve
@@ -129,6 +129,18 @@ FINETUNE: Lifecycle[FineTunePlan, finetune.FineTuneView] = Lifecycle(
 # ---------------------------------------------------------------------------- GemmaServe
 
 
+class BenchmarkReads(NamedTuple):
+    """With spec.benchmark: the current revision's benchmark Job, its pods, and every benchmark Job
+    of the GemmaServe (the others among them are stopped while they run)."""
+
+    job: Get
+    pods: Pods
+    jobs: Listed
+
+    def declared(self) -> list[Read[Any]]:
+        return [self.job, self.pods, self.jobs]
+
+
 class ServeReads(NamedTuple):
     """The reads of serve.reads(), by what they are for."""
 
@@ -137,9 +149,11 @@ class ServeReads(NamedTuple):
     workload: Get  # the one of them that is the workload
     pods: Pods
     refusal: Refusal
+    benchmark: BenchmarkReads | None
 
     def declared(self) -> list[Read[Any]]:
-        return [self.addons, *self.children, self.pods, self.refusal]
+        bench = self.benchmark.declared() if self.benchmark else []
+        return [self.addons, *self.children, self.pods, self.refusal, *bench]
 
 
 def serve_reads(plan: ServePlan) -> ServeReads | None:
@@ -147,9 +161,21 @@ def serve_reads(plan: ServePlan) -> ServeReads | None:
     if want is None:
         return None
     workload = Get(want.workload_kind, want.name)
-    pods = Pods(workload, ",".join(f"{k}={v}" for k, v in serving.selector(plan).items()))
+    pods = Pods(workload, _selector(serving.selector(plan)))
     children = tuple(Get(kind, want.name) for kind in where(serving=True))
-    return ServeReads(AddOns(tuple(want.addons.items())), children, workload, pods, Refusal(workload, pods))
+    bench = None
+    if want.benchmark_job:
+        job = Get("Job", want.benchmark_job)
+        bench = BenchmarkReads(
+            job,
+            Pods(job, f"{JOB_NAME_LABEL}={want.benchmark_job}"),
+            Listed(("Job",), _selector(benchmark.labels(plan))),
+        )
+    return ServeReads(AddOns(tuple(want.addons.items())), children, workload, pods, Refusal(workload, pods), bench)
+
+
+def _selector(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in labels.items())
 
 
 def fine_tune_ref(spec: Mapping[str, Any]) -> str | None:
@@ -176,7 +202,8 @@ def serve_plan(
     if ref:
         observed = fine_tune or {}
         plan = fine_tune_plan(fine_tune, settings) if fine_tune else None
-        source = served_model(spec, plan, observed, (body.get("status") or {}).get("modelUri"))
+        status = body.get("status") or {}
+        source = served_model(spec, plan, observed, status.get("modelUri"), serve.rejected_runs(spec, status))
     try:
         labels = meta.get("labels")
         return plan_serve(
@@ -208,7 +235,15 @@ def _serve_view(fields: dict, body: dict, plan: ServePlan | None, problems: list
     view.workload = found[r.workload]
     view.extras = [o for child in r.children if child != r.workload and (o := found[child]) is not None]
     view.pods, view.refusal = found[r.pods], found[r.refusal]
+    if b := r.benchmark:
+        others = [j for j in found[b.jobs] if j["metadata"]["name"] != b.job.name]
+        view.benchmark = serve_benchmark.BenchmarkView(found[b.job], found[b.pods], others)
     return view
+
+
+def _serve_metrics(_: PhaseTracker, __: dict, view: serve.ServeView, d: Decision[Any]) -> None:
+    """The figures of the current revision's benchmark (none without one)."""
+    prometheus_metrics.benchmark(view.namespace, view.name, d.status.get("benchmark"))
 
 
 SERVE: Lifecycle[ServePlan, serve.ServeView] = Lifecycle(
@@ -218,7 +253,7 @@ SERVE: Lifecycle[ServePlan, serve.ServeView] = Lifecycle(
     reads=lambda _, plan: r.declared() if (r := serve_reads(plan)) else [],
     view=_serve_view,
     decide=serve.decide,
-    record=lambda *_: None,
+    record=_serve_metrics,
 )
 
 LIFECYCLES: dict[str, Lifecycle[Any, Any]] = {lc.kind.kind: lc for lc in (FINETUNE, SERVE)}

@@ -53,8 +53,10 @@ class ServePlan:
     def revision(self) -> str:
         """Changes whenever the pods must be replaced: a new model or a new pod-relevant spec."""
         # The gate and the pin choose the model (model_uri): by themselves they replace no pod.
+        # The benchmark measures pods; it replaces none.
         spec = self.spec.model_dump(
-            mode="json", exclude={"replicas": True, "rollout": {"gate"}, "model": {"fine_tune_ref": {"run"}}}
+            mode="json",
+            exclude={"replicas": True, "benchmark": True, "rollout": {"gate"}, "model": {"fine_tune_ref": {"run"}}},
         )
         return digest({"model": self.model_uri, "spec": spec})
 
@@ -117,6 +119,17 @@ def _cost(spec: api.GemmaServeSpec, place: Placement, settings: OperatorSettings
     )
 
 
+def _benchmark_problems(spec: api.GemmaServeSpec, settings: OperatorSettings) -> list[str]:
+    """A benchmark longer than the cluster allows (the schema's own bound is the absolute one)."""
+    b = spec.benchmark
+    if b is None or b.timeout_seconds <= settings.benchmark_max_seconds:
+        return []
+    return [
+        f"spec.benchmark.timeoutSeconds: {b.timeout_seconds} is above this cluster's limit: 30 to "
+        f"{settings.benchmark_max_seconds} seconds (operator setting benchmark_max_seconds)"
+    ]
+
+
 def plan_serve(
     name: str,
     namespace: str,
@@ -135,8 +148,12 @@ def plan_serve(
     shape = PRESETS.get(preset) if preset else None
     tp = place.chips or 1
     memory, problems = _memory(spec, place, shape, preset, tp)
-    problems += check_paths({"spec.model.uri": spec.model.uri}, spec.storage, place.accelerator)
+    prompts = spec.benchmark.prompts_uri if spec.benchmark else None
+    problems += check_paths(
+        {"spec.model.uri": spec.model.uri, "spec.benchmark.promptsUri": prompts}, spec.storage, place.accelerator
+    )
     problems += rollout_gate.gate_problems(spec.rollout.gate)
+    problems += _benchmark_problems(spec, settings)
     source_problems, warnings = hf_source_checks(spec.model.hf_repo, spec.model.preset, spec.model.hf_token_secret_ref)
     problems += source_problems
     problems += mounts.storage_problems(spec.storage, (*mounts.SERVING, host.STAGING_DIR))

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,12 +42,13 @@ def served_model(
     plan: FineTunePlan | None,
     observed: Mapping[str, Any] | None = None,
     served: str | None = None,
+    rejected: Collection[str] = (),
 ) -> ServedModel:
     """From the referenced fine-tune's plan and, live, the fine-tune as observed (`{}` when it is
     not found): the newest output that passes the spec's rollout gate (or the pinned run's, else
-    the one `served` now); planned offline (`observed` None), the output its run will write."""
+    the one `served` now), never a run `rejected` by the benchmark's SLO; planned offline (`observed` None), the output its run will write."""
     preset = plan.preset if plan else None
     if observed is None:
         return ServedModel(plan.merged_dir if plan else None, preset, plan.run if plan else None)
-    selection = rollout_gate.select_for(dict(spec), dict(observed), served)
+    selection = rollout_gate.select_for(dict(spec), dict(observed), served, rejected)
     return ServedModel(selection.model_uri, preset, selection.run)

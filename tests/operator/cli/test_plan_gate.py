@@ -201,6 +201,20 @@ BREAKS_A_CEL_RULE = {
     "rollout.gate is only used with model.fineTuneRef": serve("s").set(
         "rollout", {"gate": [{"metric": "evalLoss", "max": 1}]}
     ),
+    "benchmark.onMiss rollback is only used with model.fineTuneRef": serve("s").set(
+        "benchmark", {"onMiss": "rollback", "slo": {"ttftP99Ms": 500}}
+    ),
+    "benchmark.inputLen + benchmark.outputLen must be at most vllm.maxModelLen": serve("s").set(
+        "benchmark", {"inputLen": 4000, "outputLen": 200}
+    ),
+    "set at least one of ttftP99Ms": serve("s").set("benchmark", {"slo": {}}),
+    "benchmark.durationSeconds needs benchmark.requestRate": serve("s").set("benchmark", {"durationSeconds": 60}),
+    "benchmark.durationSeconds must be below timeoutSeconds": serve("s").set(
+        "benchmark", {"durationSeconds": 600, "requestRate": 1}
+    ),
+    "benchmark.requestRate x durationSeconds is at most": serve("s").set(
+        "benchmark", {"durationSeconds": 500, "requestRate": 100}
+    ),
 }
 
 
