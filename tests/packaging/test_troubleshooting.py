@@ -70,12 +70,19 @@ def _assignments(function: ast.AST) -> dict[str, list[ast.AST]]:
 
 
 def _module_constants(trees: list[ast.Module]) -> dict[str, list[ast.AST]]:
-    """Module-level `NAME = "..."` of every module, so that `reasons.MERGED` or `MERGED` resolve."""
+    """Module-level `NAME = "..."` (annotated or not) of every module, so that `reasons.MERGED` or `MERGED` resolve."""
     out: dict[str, list[ast.AST]] = {}
     for tree in trees:
         for node in tree.body:
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-                for target in node.targets:
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
+            if isinstance(getattr(node, "value", None), ast.Constant):  # NAME = "..." or NAME: Final = "..."
+                for target in targets:
                     if isinstance(target, ast.Name):
                         out.setdefault(target.id, []).append(node.value)
     return out

@@ -161,7 +161,7 @@ def _create_training(v: FineTuneView, d: Decision[Status], settings: OperatorSet
     _record_training(st, name)
     st.phase = reasons.SUSPENDED if p.spec.suspend else reasons.PENDING
     st.message = "suspended" if p.spec.suspend else f"created {name}"
-    _cond(v, st, reasons.SUSPENDED, p.spec.suspend, reasons.SUSPENDED if p.spec.suspend else reasons.RUNNING, "")
+    set_cond(v, st, reasons.SUSPENDED, p.spec.suspend, reasons.SUSPENDED if p.spec.suspend else reasons.RUNNING, "")
 
 
 def _keep_training(
@@ -195,7 +195,7 @@ def _keep_training(
         sum(failure_policy.is_preemption(pod) for pod in v.training_pods),
     )
     _account(v, st, outcome)
-    _cond(v, st, reasons.SUSPENDED, p.spec.suspend, reasons.SUSPENDED if p.spec.suspend else reasons.RUNNING, "")
+    set_cond(v, st, reasons.SUSPENDED, p.spec.suspend, reasons.SUSPENDED if p.spec.suspend else reasons.RUNNING, "")
     return outcome
 
 
@@ -232,7 +232,9 @@ def _trained(v: FineTuneView, d: Decision[Status], settings: OperatorSettings) -
     d.events += evaluation.record_evaluation(
         st, p.run, result.evaluation if result else None, p.spec.evaluation is not None
     )
-    _cond(v, st, reasons.TRAINING_COMPLETE, True, reasons.TRAINED, f"trained {step if step is not None else '?'} steps")
+    set_cond(
+        v, st, reasons.TRAINING_COMPLETE, True, reasons.TRAINED, f"trained {step if step is not None else '?'} steps"
+    )
     if p.spec.merge.enabled:
         _start_merge(v, d, settings, step)
     else:
@@ -273,7 +275,7 @@ def _merging(v: FineTuneView, d: Decision[Status], settings: OperatorSettings) -
         if result and result.adapter_error:
             d.events.append(("Warning", reasons.ADAPTER_NOT_WRITTEN, result.adapter_error))
             detail += f"; no PEFT adapter: {result.adapter_error}"
-        _cond(v, st, reasons.MERGED, True, reasons.MERGED, f"wrote {written}{detail}")
+        set_cond(v, st, reasons.MERGED, True, reasons.MERGED, f"wrote {written}{detail}")
         _succeed(v, st, written)
     elif outcome.state == reasons.FAILED:
         _fail(v, st, reasons.MERGE_FAILED, _failure_message(v.merge_pods, outcome))
@@ -364,17 +366,14 @@ def _finished_at(workload: dict | None) -> datetime.datetime | None:
 
 def _succeed(v: FineTuneView, st: Status, message: str) -> None:
     st.phase, st.message, st.completion_time = reasons.SUCCEEDED, message, timestamp(v.now)
-    _cond(v, st, reasons.COMPLETE, True, reasons.SUCCEEDED, message)
+    set_cond(v, st, reasons.COMPLETE, True, reasons.SUCCEEDED, message)
 
 
 def _fail(v: FineTuneView, st: Status, reason: str, message: str) -> None:
     st.phase, st.message = reasons.FAILED, message
     if reason != reasons.INVALID_SPEC:
         st.completion_time = timestamp(v.now)
-    _cond(v, st, reasons.FAILED, True, reason, message)
-
-
-_cond = set_cond
+    set_cond(v, st, reasons.FAILED, True, reason, message)
 
 
 def _progress(step: int | None, total: int | None, loss: float | None, tps: float | None) -> api.Progress:

@@ -113,7 +113,7 @@ def _advance(v: ServeView, d: Decision[Status], settings: OperatorSettings) -> N
     sel = _gate(v, d) if v.fine_tune_name else None
     if p.model_uri is None:
         reason, message = _blocked(sel) or _waiting(v)
-        _cond(v, st, reasons.MODEL_READY, False, reason, message)
+        set_cond(v, st, reasons.MODEL_READY, False, reason, message)
         st.phase, st.message = reasons.WAITING_FOR_MODEL, message
         return
     _model_ready(v, st, p.model_uri, sel)
@@ -133,11 +133,15 @@ def _model_ready(v: ServeView, st: Status, model_uri: str, sel: rollout_gate.Sel
     ft_status = (v.fine_tune or {}).get("status") or {}
     latest = ft_status.get("outputs", {}).get("merged")
     if sel and sel.pin_missing:
-        _cond(v, st, reasons.MODEL_READY, False, reasons.RUN_NOT_FOUND, f"{sel.pin_missing}; {model_uri} keeps serving")
+        set_cond(
+            v, st, reasons.MODEL_READY, False, reasons.RUN_NOT_FOUND, f"{sel.pin_missing}; {model_uri} keeps serving"
+        )
     elif sel and sel.verdict and not sel.verdict.passed:
-        _cond(v, st, reasons.MODEL_READY, True, reasons.PREVIOUS_OUTPUT, f"serving {model_uri}: {sel.verdict.message}")
+        set_cond(
+            v, st, reasons.MODEL_READY, True, reasons.PREVIOUS_OUTPUT, f"serving {model_uri}: {sel.verdict.message}"
+        )
     elif v.fine_tune_name and latest != model_uri:
-        _cond(
+        set_cond(
             v,
             st,
             reasons.MODEL_READY,
@@ -146,7 +150,7 @@ def _model_ready(v: ServeView, st: Status, model_uri: str, sel: rollout_gate.Sel
             f"serving {model_uri} while GemmaFineTune {v.fine_tune_name} is {ft_status.get('phase', 'missing')}",
         )
     else:
-        _cond(v, st, reasons.MODEL_READY, True, reasons.RESOLVED, model_uri)
+        set_cond(v, st, reasons.MODEL_READY, True, reasons.RESOLVED, model_uri)
 
 
 def _rollout(v: ServeView, st: Status) -> None:
@@ -173,7 +177,7 @@ def _rollout(v: ServeView, st: Status) -> None:
     )
     current = template_rev == p.revision and observed
     progressing = condition(ws.get("conditions"), reasons.DEPLOYMENT_PROGRESSING) or {}
-    _cond(
+    set_cond(
         v,
         st,
         reasons.DEPLOYMENT_AVAILABLE,
@@ -189,12 +193,12 @@ def _rollout(v: ServeView, st: Status) -> None:
         _stuck(v, st, ready, _pod_problem(v.pods) or progressing.get("message", ""))
     elif current and updated >= replicas and ready >= replicas:
         st.revision = p.revision
-        _cond(v, st, reasons.DEPLOYMENT_PROGRESSING, True, reasons.ROLLOUT_COMPLETE, f"revision {p.revision}")
+        set_cond(v, st, reasons.DEPLOYMENT_PROGRESSING, True, reasons.ROLLOUT_COMPLETE, f"revision {p.revision}")
         st.phase = reasons.READY
         st.message = f"serving {p.served_name} at {st.endpoint}" if replicas else "scaled to zero"
     else:
         progress = f"revision {p.revision}: {updated}/{replicas} updated, {ready} ready"
-        _cond(v, st, reasons.DEPLOYMENT_PROGRESSING, True, reasons.ROLLING_OUT, progress)
+        set_cond(v, st, reasons.DEPLOYMENT_PROGRESSING, True, reasons.ROLLING_OUT, progress)
         problem = _pod_problem(v.pods)
         st.phase = reasons.DEPLOYING
         st.message = f"rolling out {progress}" + (f" ({problem})" if problem else "")
@@ -221,7 +225,7 @@ def _account(v: ServeView, st: Status, replicas: int) -> None:
 def _stuck(v: ServeView, st: Status, ready: int, why: str) -> None:
     """A rollout past its progress deadline: Failed with no replica ready, else the previous revision serves."""
     revision = v.valid_plan.revision
-    _cond(v, st, reasons.DEPLOYMENT_PROGRESSING, False, reasons.PROGRESS_DEADLINE_EXCEEDED, why)
+    set_cond(v, st, reasons.DEPLOYMENT_PROGRESSING, False, reasons.PROGRESS_DEADLINE_EXCEEDED, why)
     if ready:
         st.phase = reasons.DEPLOYING
         st.message = (
@@ -263,7 +267,7 @@ def _gate(v: ServeView, d: Decision[Status]) -> rollout_gate.Selection:
         d.events.append(
             ("Normal" if ok else "Warning", reasons.GATE_PASSED if ok else reasons.ROLLOUT_BLOCKED, message)
         )
-    _cond(v, st, reasons.GATE_PASSED, ok, sel.verdict.reason, message)
+    set_cond(v, st, reasons.GATE_PASSED, ok, sel.verdict.reason, message)
     return sel
 
 
@@ -306,6 +310,3 @@ def _pod_problem(pods: list[dict]) -> str | None:
             if c.get("type") == reasons.POD_SCHEDULED and c.get("status") == "False":
                 return f"{pod['metadata']['name']}: {c.get('message', 'unschedulable')}"
     return None
-
-
-_cond = set_cond
