@@ -6,6 +6,7 @@ from gemma_operator import fit, tpu
 from gemma_operator.model_shapes import PRESETS, infer_preset
 from gemma_operator.plan import SpecError, default_mesh, plan_finetune, plan_serve
 from gemma_operator.settings import OperatorSettings
+from gemma_workloads.config import MeshConfig
 from tests.support.builders import finetune, serve
 
 SETTINGS = OperatorSettings()
@@ -206,6 +207,12 @@ def test_fine_tune_ref_waits_for_the_output():
 def test_a_slice_of_several_hosts_is_a_multi_host_run():
     p = plan(finetune("m").tpu("v5p", "2x2x4"))
     assert (p.placement.hosts, p.multi_host, p.train.num_hosts) == (4, True, 4)
+
+
+def test_the_cpu_profile_trains_on_one_device():
+    assert plan(finetune("c").cpu_tiny()).mesh == MeshConfig(fsdp=1, tp=1)
+    with pytest.raises(SpecError, match="spec.training.mesh: fsdp 2 x tp 1 = 2 devices, but cpu has 1"):
+        plan(finetune("c").cpu_tiny().training(mesh={"fsdp": 2, "tp": 1}))
 
 
 def test_the_trainer_reports_mfu_against_the_chips_peak_only_on_a_tpu():

@@ -82,9 +82,11 @@ def test_rows_in_blocks_equal_the_whole():
 
 
 def test_tunix_checkpoint_layout_with_value_leaves_and_string_layers():
-    """Tunix's checkpoint manager saves nnx.State: layers keyed by strings, each leaf under `value`."""
+    """Tunix's checkpoint manager saves nnx.State: layers keyed by strings, each leaf under `value`
+    (a key read from the checkpoint's metadata: equal to "value", not the same object)."""
     a, b = ab((D, R), (R, F))
-    saved = {"layers": {"3": {"mlp": {"up_proj": {"kernel_lora_a": {"value": a}, "kernel_lora_b": {"value": b}}}}}}
+    value = "".join(["val", "ue"])
+    saved = {"layers": {"3": {"mlp": {"up_proj": {"kernel_lora_a": {value: a}, "kernel_lora_b": {value: b}}}}}}
     np.testing.assert_array_equal(
         hf_delta(saved, "layers.3.mlp.up_proj.weight"),
         hf_delta(lora("up_proj", "mlp", a, b, 3), "layers.3.mlp.up_proj.weight"),
@@ -121,6 +123,24 @@ def test_every_module_of_a_real_gemma4_lora_maps(lora_run):
         (
             lora("up_proj", "mlp", *ab((D, R + 1), (R + 1, F))),
             "LoRA layers/0/up_proj: A (24, 4) and B (4, 40) do not have rank 3",
+        ),
+        # one factor of the wrong rank is enough: the other would reshape into a wrong delta
+        (
+            lora("up_proj", "mlp", *ab((D, R + 1), (R, F))),
+            "LoRA layers/0/up_proj: A (24, 4) and B (3, 40) do not have rank 3",
+        ),
+        (
+            lora("up_proj", "mlp", *ab((D, R), (R - 1, F))),
+            "LoRA layers/0/up_proj: A (24, 3) and B (2, 40) do not have rank 3",
+        ),
+        # kv_einsum's B must carry the K/V axis to be split into k_proj and v_proj
+        (
+            lora("kv_einsum", "attn", *ab((D, R), (R, K, H))),
+            "LoRA layers/0/kv_einsum: B (3, 2, 8) is not (rank, 2, heads, head_dim)",
+        ),
+        (
+            lora("kv_einsum", "attn", *ab((D, R), (R, 3, K, H))),
+            "LoRA layers/0/kv_einsum: B (3, 3, 2, 8) is not (rank, 2, heads, head_dim)",
         ),
     ],
 )
