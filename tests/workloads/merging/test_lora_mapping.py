@@ -130,6 +130,14 @@ def test_every_module_of_a_real_gemma4_lora_maps(lora_run):
             "LoRA layers/0/up_proj: A (24, 4) and B (3, 40) do not have rank 3",
         ),
         (
+            lora("up_proj", "mlp", *ab((D, R - 1), (R, F))),
+            "LoRA layers/0/up_proj: A (24, 2) and B (3, 40) do not have rank 3",
+        ),
+        (
+            lora("up_proj", "mlp", *ab((D, R), (R + 1, F))),
+            "LoRA layers/0/up_proj: A (24, 3) and B (4, 40) do not have rank 3",
+        ),
+        (
             lora("up_proj", "mlp", *ab((D, R), (R - 1, F))),
             "LoRA layers/0/up_proj: A (24, 3) and B (2, 40) do not have rank 3",
         ),
@@ -141,6 +149,10 @@ def test_every_module_of_a_real_gemma4_lora_maps(lora_run):
         (
             lora("kv_einsum", "attn", *ab((D, R), (R, 3, K, H))),
             "LoRA layers/0/kv_einsum: B (3, 3, 2, 8) is not (rank, 2, heads, head_dim)",
+        ),
+        (
+            lora("kv_einsum", "attn", *ab((D, R), (R, 1, K, H))),
+            "LoRA layers/0/kv_einsum: B (3, 1, 2, 8) is not (rank, 2, heads, head_dim)",
         ),
     ],
 )
