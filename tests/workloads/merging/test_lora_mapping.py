@@ -70,6 +70,17 @@ def test_mlp_kernels_are_transposed(module, din, dout):
     close(hf_delta(lora(module, "mlp", a, b), f"layers.0.mlp.{module}.weight"), hf)
 
 
+def test_ranks_beyond_the_small_int_cache_map():
+    """LoraRank allows up to 1024; CPython shares int objects only up to 256, so the rank check must
+    compare values, not identities."""
+    rank = 512
+    a, b = ab((D, rank), (rank, F))
+    delta = lora_mapping.deltas(lora("up_proj", "mlp", a, b), LoraConfig(rank=rank, alpha=rank * SCALE))
+    out = np.empty((F, D), np.float32)
+    delta["layers.0.mlp.up_proj.weight"].factors().rows(0, F, out)
+    np.testing.assert_allclose(out, (a @ b * SCALE).T, rtol=1e-4, atol=1e-3)
+
+
 def test_rows_in_blocks_equal_the_whole():
     a, b = ab((D, R), (R, F))
     factors = lora_mapping.deltas(lora("up_proj", "mlp", a, b), LoraConfig(rank=R, alpha=R * SCALE))[
