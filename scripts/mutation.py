@@ -15,6 +15,7 @@ other survivor's diff; exits 1 when a module scores below --target.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import subprocess
@@ -56,15 +57,22 @@ MODULES: dict[str, list[str]] = {
 }
 
 _SAMPLE = """
+import json
 import sys
 from cosmic_ray.work_db import WorkDB, use_db
 from cosmic_ray.work_item import WorkResult, WorkerOutcome
-keep = int(sys.argv[2])
+keep, unread = int(sys.argv[2]), json.loads(sys.argv[3])
 with use_db(sys.argv[1], WorkDB.Mode.open) as db:
     def place(w):
         m = w.mutations[0]
         return str(m.module_path), m.start_pos, m.operator_name, m.occurrence
+    def in_annotation(w):
+        return any(tuple(s) <= tuple(w.mutations[0].start_pos) < tuple(e) for s, e in unread)
     items = sorted(db.pending_work_items, key=place)
+    db.set_multiple_results(
+        [w.job_id for w in items if in_annotation(w)], WorkResult(worker_outcome=WorkerOutcome.SKIPPED)
+    )
+    items = [w for w in items if not in_annotation(w)]
     if 0 < keep < len(items):
         step = len(items) / keep
         chosen = {items[int(i * step)].job_id for i in range(keep)}
@@ -79,6 +87,26 @@ def tool_python() -> Path:
         venv.create(TOOL_VENV, with_pip=True)
         subprocess.run([python, "-m", "pip", "install", "-q", COSMIC_RAY], check=True)
     return python
+
+
+def unread_annotations(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(start, end) of the annotations Python never evaluates: every one of a function, of a module
+    variable and of a dataclass field in a module with `from __future__ import annotations` (PEP 563).
+    A mutant there is equivalent, so it is left out before sampling rather than tested."""
+    tree = ast.parse(source)
+    future = [a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__" for a in n.names]
+    if "annotations" not in future:
+        return []
+    nodes: list[ast.expr] = [n.annotation for n in tree.body if isinstance(n, ast.AnnAssign)]
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            every = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+            nodes += [a.annotation for a in every if a is not None and a.annotation is not None]
+            nodes += [node.returns] if node.returns is not None else []
+        elif isinstance(node, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in node.decorator_list):
+            nodes += [f.annotation for f in node.body if isinstance(f, ast.AnnAssign)]
+    return [((n.lineno, n.col_offset), (n.end_lineno or n.lineno, n.end_col_offset or 0)) for n in nodes]
 
 
 def equivalents() -> set[tuple[str, str, str]]:
@@ -108,7 +136,8 @@ def run_module(module: str, tests: list[str], sample: int, timeout: float) -> di
         env = {**os.environ, "PYTHONPATH": pythonpath}
         bin_dir = python.parent
         subprocess.run([bin_dir / "cosmic-ray", "init", config, session], cwd=ROOT, env=env, check=True)
-        subprocess.run([python, "-c", _SAMPLE, session, str(sample)], check=True)
+        unread = json.dumps(unread_annotations((ROOT / module).read_text()))
+        subprocess.run([python, "-c", _SAMPLE, session, str(sample), unread], check=True)
         subprocess.run([bin_dir / "cosmic-ray", "exec", config, session], cwd=ROOT, env=env, check=True)
         dump = subprocess.run([bin_dir / "cosmic-ray", "dump", session], cwd=ROOT, capture_output=True, text=True)
     lines = (ROOT / module).read_text().splitlines()

@@ -7,7 +7,11 @@ Deliberately simple, per-chip, and conservative where the layout is not known:
   layer's), using the 34*D + 5*heads*seq bytes-per-token rule of Korthikanti et al. (2022); the
   float32 logits and their gradient; a fixed allowance for XLA's buffers. `remat_policy` picks
   the fastest rematerialisation that fits (gemma_workloads.training.remat): keeping everything, else
-  keeping the projections' outputs ("dots"), else whole-layer recompute.
+  keeping the projections' outputs ("dots"), else whole-layer recompute. Remat saves memory only
+  where XLA keeps JAX's optimization barriers until it has scheduled the step, so that each layer
+  is recomputed just before its backward pass: XLA's CPU compiler drops them before fusion, runs the
+  recomputation beside the forward pass and needs as much as without remat (tests/operator/
+  test_fit_xla.py compares with the barriers kept).
 - serving: weights / TP, plus the KV cache of one full `maxModelLen` sequence (vLLM refuses to
   start without room for it), sized as vLLM sizes it, against `gpuMemoryUtilization` of the HBM.
 - the training host: every host loads the whole checkpoint. Tunix's loader maps the files and

@@ -2,7 +2,11 @@
 tests to compare against: run as a script in a fresh process, since the number of CPU devices
 (the mesh) is fixed when JAX starts.
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=4 python -m tests.support.xla_memory CONFIGS_JSON
+    XLA_FLAGS="--xla_force_host_platform_device_count=4 --xla_disable_hlo_passes=cse_barrier_expander" \
+        python -m tests.support.xla_memory CONFIGS_JSON
+
+(the second flag keeps JAX's optimization barriers, without which XLA's CPU compiler undoes remat:
+tests/operator/test_fit_xla.py says how).
 
 The step is the workload's own: Qwix LoRA applied and placed on the mesh by `trainer.adapt`, the
 remat policy of `remat.py`, Tunix's PeftTrainer step as `trainer.Trainer` wraps it (loss,

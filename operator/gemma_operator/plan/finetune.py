@@ -296,7 +296,7 @@ def _merge_memory_gib(shape: ModelShape | None, spec: api.GemmaFineTuneSpec, wor
         return 16
     tensor = shape.largest_target_elements(spec.lora.target_modules) * 4 * 3
     lora_state = shape.lora_params(spec.lora.rank, spec.lora.target_modules) * 4
-    return max(2, math.ceil((workers * tensor + lora_state) / fit.GIB) + 2)
+    return math.ceil((workers * tensor + lora_state) / fit.GIB) + 2
 
 
 # ---------------------------------------------------------------------------- the plan

@@ -2,10 +2,11 @@
 
 import pytest
 
-from gemma_operator import fit
+from gemma_operator import fit, tpu
 from gemma_operator.model_shapes import PRESETS, infer_preset
 from gemma_operator.plan import SpecError, default_mesh, plan_finetune, plan_serve
 from gemma_operator.settings import OperatorSettings
+from gemma_workloads.config import MeshConfig
 from tests.support.builders import finetune, serve
 
 SETTINGS = OperatorSettings()
@@ -201,3 +202,35 @@ def test_fine_tune_ref_waits_for_the_output():
         "s", "ns", serve("s").fine_tune("ft").spec, SETTINGS, model_uri="gs://o/merged", fine_tune_preset="gemma4-31b"
     )
     assert p2.model_uri == "gs://o/merged" and p2.preset == "gemma4-31b" and p2.revision != p.revision
+
+
+def test_a_slice_of_several_hosts_is_a_multi_host_run():
+    p = plan(finetune("m").tpu("v5p", "2x2x4"))
+    assert (p.placement.hosts, p.multi_host, p.train.num_hosts) == (4, True, 4)
+
+
+def test_the_cpu_profile_trains_on_one_device():
+    assert plan(finetune("c").cpu_tiny()).mesh == MeshConfig(fsdp=1, tp=1)
+    with pytest.raises(SpecError, match="spec.training.mesh: fsdp 2 x tp 1 = 2 devices, but cpu has 1"):
+        plan(finetune("c").cpu_tiny().training(mesh={"fsdp": 2, "tp": 1}))
+
+
+def test_the_trainer_reports_mfu_against_the_chips_peak_only_on_a_tpu():
+    assert plan(finetune("t").tpu("v5p")).train.peak_tflops_per_device == tpu.GENERATIONS["v5p"].peak_bf16_tflops
+    assert plan(finetune("c").cpu_tiny()).train.peak_tflops_per_device is None
+
+
+def test_a_model_without_a_preset_is_labelled_by_the_last_part_of_its_location():
+    p = plan(finetune("u").set("model", {"uri": "gs://models/team/my-gemma"}).tpu("v5p"))
+    assert (p.preset, p.model_label) == (None, "my-gemma")
+
+
+@pytest.mark.parametrize("rank,targets", [(8, ["q_proj", "o_proj"]), (64, None), (256, None)])
+def test_the_merge_pod_holds_three_float32_copies_of_a_tensor_per_worker_and_the_lora_state(rank, targets):
+    """The streaming merge holds per worker one target tensor three times in float32 (base, delta,
+    sum) and the whole LoRA state in float32, plus 2 GiB of read and write buffers."""
+    lora = {"rank": rank} | ({"targetModules": targets} if targets else {})
+    p = plan(finetune("m").tpu("v5p").lora(**lora))
+    targets = p.spec.lora.target_modules
+    need = p.merge.workers * 3 * 4 * p.shape.largest_target_elements(targets) + 4 * p.shape.lora_params(rank, targets)
+    assert need + 2 * fit.GIB <= p.merge_memory_gib * fit.GIB < need + 3 * fit.GIB

@@ -70,6 +70,17 @@ def test_mlp_kernels_are_transposed(module, din, dout):
     close(hf_delta(lora(module, "mlp", a, b), f"layers.0.mlp.{module}.weight"), hf)
 
 
+def test_ranks_beyond_the_small_int_cache_map():
+    """LoraRank allows up to 1024; CPython shares int objects only up to 256, so the rank check must
+    compare values, not identities."""
+    rank = 512
+    a, b = ab((D, rank), (rank, F))
+    delta = lora_mapping.deltas(lora("up_proj", "mlp", a, b), LoraConfig(rank=rank, alpha=rank * SCALE))
+    out = np.empty((F, D), np.float32)
+    delta["layers.0.mlp.up_proj.weight"].factors().rows(0, F, out)
+    np.testing.assert_allclose(out, (a @ b * SCALE).T, rtol=1e-4, atol=1e-3)
+
+
 def test_rows_in_blocks_equal_the_whole():
     a, b = ab((D, R), (R, F))
     factors = lora_mapping.deltas(lora("up_proj", "mlp", a, b), LoraConfig(rank=R, alpha=R * SCALE))[
@@ -82,9 +93,11 @@ def test_rows_in_blocks_equal_the_whole():
 
 
 def test_tunix_checkpoint_layout_with_value_leaves_and_string_layers():
-    """Tunix's checkpoint manager saves nnx.State: layers keyed by strings, each leaf under `value`."""
+    """Tunix's checkpoint manager saves nnx.State: layers keyed by strings, each leaf under `value`
+    (a key read from the checkpoint's metadata: equal to "value", not the same object)."""
     a, b = ab((D, R), (R, F))
-    saved = {"layers": {"3": {"mlp": {"up_proj": {"kernel_lora_a": {"value": a}, "kernel_lora_b": {"value": b}}}}}}
+    value = "".join(["val", "ue"])
+    saved = {"layers": {"3": {"mlp": {"up_proj": {"kernel_lora_a": {value: a}, "kernel_lora_b": {value: b}}}}}}
     np.testing.assert_array_equal(
         hf_delta(saved, "layers.3.mlp.up_proj.weight"),
         hf_delta(lora("up_proj", "mlp", a, b, 3), "layers.3.mlp.up_proj.weight"),
@@ -121,6 +134,36 @@ def test_every_module_of_a_real_gemma4_lora_maps(lora_run):
         (
             lora("up_proj", "mlp", *ab((D, R + 1), (R + 1, F))),
             "LoRA layers/0/up_proj: A (24, 4) and B (4, 40) do not have rank 3",
+        ),
+        # one factor of the wrong rank is enough: the other would reshape into a wrong delta
+        (
+            lora("up_proj", "mlp", *ab((D, R + 1), (R, F))),
+            "LoRA layers/0/up_proj: A (24, 4) and B (3, 40) do not have rank 3",
+        ),
+        (
+            lora("up_proj", "mlp", *ab((D, R - 1), (R, F))),
+            "LoRA layers/0/up_proj: A (24, 2) and B (3, 40) do not have rank 3",
+        ),
+        (
+            lora("up_proj", "mlp", *ab((D, R), (R + 1, F))),
+            "LoRA layers/0/up_proj: A (24, 3) and B (4, 40) do not have rank 3",
+        ),
+        (
+            lora("up_proj", "mlp", *ab((D, R), (R - 1, F))),
+            "LoRA layers/0/up_proj: A (24, 3) and B (2, 40) do not have rank 3",
+        ),
+        # kv_einsum's B must carry the K/V axis to be split into k_proj and v_proj
+        (
+            lora("kv_einsum", "attn", *ab((D, R), (R, K, H))),
+            "LoRA layers/0/kv_einsum: B (3, 2, 8) is not (rank, 2, heads, head_dim)",
+        ),
+        (
+            lora("kv_einsum", "attn", *ab((D, R), (R, 3, K, H))),
+            "LoRA layers/0/kv_einsum: B (3, 3, 2, 8) is not (rank, 2, heads, head_dim)",
+        ),
+        (
+            lora("kv_einsum", "attn", *ab((D, R), (R, 1, K, H))),
+            "LoRA layers/0/kv_einsum: B (3, 1, 2, 8) is not (rank, 2, heads, head_dim)",
         ),
     ],
 )
