@@ -10,7 +10,7 @@ PIP_FILTER = 2>&1 | (grep -v "is ignored: it is neither a file nor a directory" 
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 
-.PHONY: demo test test-fast lint venv vllm-venv crds manifests images push clean
+.PHONY: demo test test-fast test-sweep lint venv vllm-venv crds manifests images push clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -45,6 +45,9 @@ test: venv vllm-venv
 
 test-fast: venv
 	$(VENV)/bin/python -m pytest -q -m "not slow"
+
+test-sweep: venv
+	$(VENV)/bin/python -m pytest -q -m sweep
 
 # One formatter and linter and the type checker, pinned in the `test` extra (mypy's settings: pyproject.toml).
 lint: venv

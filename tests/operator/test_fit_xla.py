@@ -198,6 +198,7 @@ def test_estimate_agrees_with_xla_on_tiny_shapes():
 
 
 @pytest.mark.slow
+@pytest.mark.sweep  # thirteen compiled steps, about ten minutes of CPU: `make test-sweep`
 def test_estimate_agrees_with_xla_across_shapes_ranks_remat_and_meshes():
     one = _measure(ONE_DEVICE, 1)
     _check(one + _measure(FOUR_DEVICES, 4), len(ONE_DEVICE) + len(FOUR_DEVICES))

@@ -80,7 +80,12 @@ def test_packed_examples_never_attend_to_each_other(models, path):
 def example_loss(model, batch: dict, tokens: np.ndarray) -> float:
     """The mean loss over `tokens` only."""
     inputs = batches.model_inputs({k: v for k, v in batch.items() if k != "loss_scale"} | {"loss_mask": tokens})
-    return float(nnx.jit(lambda m: loss.token_weighted_nll(m, **inputs, chunk_tokens=64))(model))
+    return float(_chunked_loss(model, inputs))
+
+
+@nnx.jit
+def _chunked_loss(model, inputs: dict) -> jax.Array:
+    return loss.token_weighted_nll(model, **inputs, chunk_tokens=64)
 
 
 def test_the_sliding_window_is_a_real_window():

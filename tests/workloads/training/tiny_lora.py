@@ -3,6 +3,8 @@ comparing the training fast paths with the reference (Tunix's own code)."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,21 +56,28 @@ def packed_batch(seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
+@nnx.jit
+def _forward(lora_model: gemma4.Gemma4, inputs: dict) -> jax.Array:
+    out, _ = lora_model(inputs["input_tokens"], inputs["positions"], None, inputs["attention_mask"])
+    return out
+
+
 def logits(lora_model: gemma4.Gemma4, batch: dict[str, np.ndarray]) -> np.ndarray:
-    inputs = batches.model_inputs(batch)
-    out, _ = nnx.jit(lambda m: m(inputs["input_tokens"], inputs["positions"], None, inputs["attention_mask"]))(
-        lora_model
-    )
-    return np.asarray(out, np.float32)
+    """The model's logits; the batch is an argument of one jitted function, not a constant of a new
+    one, so a second batch of the same shapes runs the same compiled program."""
+    return np.asarray(_forward(lora_model, batches.model_inputs(batch)), np.float32)
 
 
 def lora_grads(lora_model: gemma4.Gemma4, loss_fn, batch: dict[str, np.ndarray]) -> tuple[float, list[np.ndarray]]:
     """The loss and its gradient with respect to every LoRA factor."""
-    inputs = batches.model_inputs(batch)
-    value, grads = nnx.jit(nnx.value_and_grad(lambda m: loss_fn(m, **inputs), argnums=nnx.DiffState(0, nnx.LoRAParam)))(
-        lora_model
-    )
+    value, grads = _value_and_lora_grads(loss_fn)(lora_model, batches.model_inputs(batch))
     return float(value), [np.asarray(g, np.float32) for g in jax.tree.leaves(grads)]
+
+
+@functools.cache
+def _value_and_lora_grads(loss_fn):
+    """One jitted gradient function per loss, the batch an argument (see `logits`)."""
+    return nnx.jit(nnx.value_and_grad(lambda m, inputs: loss_fn(m, **inputs), argnums=nnx.DiffState(0, nnx.LoRAParam)))
 
 
 def assert_close(actual: np.ndarray, expected: np.ndarray, dtype: str) -> None:
