@@ -261,11 +261,9 @@ SV_PLAN = plan_serve("chat", NS, SV_SPEC, SETTINGS, model_uri=MERGED_URI, fine_t
 DEPLOYMENT = {**serving_objects(SV_PLAN, SETTINGS)[0]}
 DEPLOYMENT["metadata"] = {**DEPLOYMENT["metadata"], "generation": 1}
 READY = DEPLOYMENT_READY
-ROLLING = {
-    "observedGeneration": 1,
-    "replicas": 1,
+ROLLING = {  # the ready Deployment's new replica not ready yet
+    **DEPLOYMENT_READY,
     "readyReplicas": 0,
-    "updatedReplicas": 1,
     "conditions": [{"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}],
 }
 DEADLINE = {
