@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The tests that run the real operator (kopf over HTTP against the in-process API server).
 OPERATOR_TESTS = [
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "operator" / "integration").glob("test_operator_*.py")),
+    "tests/operator/integration/test_api_outage.py",
     "tests/operator/integration/test_faults.py",
     "tests/operator/integration/test_leader_election.py",
     "tests/packaging/test_rbac.py",

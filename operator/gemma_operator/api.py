@@ -36,7 +36,9 @@ else:
     LoraTarget = Literal[tuple(config.LORA_MODULES)]
 LrSchedule = Literal["cosine", "linear", "constant"]
 # Evaluation figures (the training workload's names: gemma_workloads.config.EVAL_METRICS).
-EvalMetric = Literal["evalLoss", "perplexity", "exactMatch", "contains", "regexMatch"]
+EvalMetric = Literal[
+    "evalLoss", "perplexity", "exactMatch", "contains", "regexMatch", "preferenceAccuracy", "rewardMargin"
+]
 
 # A Kubernetes object name (RFC 1123 subdomain) and a size such as "5GB" or "4Gi".
 _DNS_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"

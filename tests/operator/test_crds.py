@@ -69,6 +69,8 @@ def test_evaluation_surface():
         "exactMatch",
         "contains",
         "regexMatch",
+        "preferenceAccuracy",
+        "rewardMargin",
     ]
     assert gate["maxItems"] == 16 and gate["items"]["x-kubernetes-validations"]
     assert gsv["properties"]["model"]["properties"]["fineTuneRef"]["properties"]["run"]["pattern"]

@@ -41,12 +41,13 @@ LORA_MODULES: dict[str, tuple[str, ...]] = {
 # The fields a GemmaFineTune's spec.dataset and spec.lora share with this contract, each bound,
 # default and description declared once: gemma_operator.api declares its fields with these types,
 # so what the API admits is what the pods accept, and the CRD documents the same bounds.
-DatasetFormat = Literal["chat", "prompt-completion", "text"]
+DatasetFormat = Literal["chat", "prompt-completion", "text", "preference"]
 DatasetFormatField = Annotated[
     DatasetFormat,
     Field(
         default="chat",
-        description="chat: {messages: [{role, content}]}; prompt-completion: {prompt, completion}; text: {text}.",
+        description="chat: {messages: [{role, content}]}; prompt-completion: {prompt, completion}; text: {text}; "
+        "preference (methods dpo and orpo): {prompt: a user turn or a list of messages, chosen, rejected}.",
     ),
 ]
 MaxSeqLen = Annotated[int, Field(default=2048, ge=16, le=262144, description="Tokens per sequence.")]
@@ -65,6 +66,42 @@ LoraAlpha = Annotated[
 ]
 LoraDropout = Annotated[
     float, Field(default=0.0, ge=0.0, lt=1.0, description="Dropout on the adapter's input during training, in [0, 1).")
+]
+
+# What training optimises: supervised answers, or preference pairs (Tunix's DPO and ORPO losses).
+Method = Literal["sft", "dpo", "orpo"]
+PREFERENCE_METHODS = ("dpo", "orpo")
+MethodField = Annotated[
+    Method,
+    Field(
+        default="sft",
+        description="sft: learn the answers of the dataset; dpo: Direct Preference Optimization on chosen/rejected "
+        "pairs, the reference being the base model (the adapter off); orpo: odds-ratio preference optimisation "
+        "(the chosen answers' loss plus an odds-ratio term, no reference). dpo and orpo take dataset.format "
+        "preference.",
+    ),
+]
+PreferenceBeta = Annotated[
+    float,
+    Field(
+        default=0.1,
+        gt=0,
+        le=10,
+        description="DPO's beta: how far the fine-tune may move from the base (smaller: further); 0 < beta <= 10.",
+    ),
+]
+OrpoLambda = Annotated[
+    float,
+    Field(default=0.1, gt=0, le=10, description="ORPO's lambda: the weight of the odds-ratio term; 0 < lambda <= 10."),
+]
+LabelSmoothing = Annotated[
+    float,
+    Field(
+        default=0.0,
+        ge=0,
+        lt=0.5,
+        description="The share of pairs assumed mislabelled (conservative DPO/ORPO); 0 <= labelSmoothing < 0.5.",
+    ),
 ]
 
 
@@ -120,6 +157,15 @@ class LoraConfig(_Config):
         return self.alpha / self.rank
 
 
+class PreferenceConfig(_Config):
+    """The settings of a preference method (Tunix's DPOTrainingConfig names them beta, lambda_orpo
+    and label_smoothing)."""
+
+    beta: PreferenceBeta
+    orpo_lambda: OrpoLambda
+    label_smoothing: LabelSmoothing
+
+
 class MeshConfig(_Config):
     fsdp: Annotated[int, Field(ge=1)]
     tp: Annotated[int, Field(ge=1)]
@@ -132,6 +178,9 @@ EVAL_METRICS: dict[str, str] = {
     "exactMatch": "share of rows with an expected answer whose greedy answer equals it (higher is better)",
     "contains": "share of rows with an expected answer whose greedy answer contains it (higher is better)",
     "regexMatch": "share of rows with an expected pattern that the greedy answer matches (higher is better)",
+    "preferenceAccuracy": "share of preference pairs whose chosen answer the model gives a higher log-probability "
+    "than the rejected one (higher is better)",
+    "rewardMargin": "mean over preference pairs of log p(chosen) - log p(rejected), in nats (higher is better)",
 }
 LOWER_IS_BETTER = frozenset({"evalLoss", "perplexity"})
 
@@ -154,10 +203,12 @@ class TrainConfig(_Config):
     model_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     dataset: DatasetConfig
     lora: LoraConfig = Field(default_factory=LoraConfig)  # type: ignore[arg-type]  # its fields' defaults are in their Annotated Field, which the checker does not read
+    method: MethodField = "sft"
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)  # type: ignore[arg-type]  # as lora
     steps: Annotated[int | None, Field(ge=1)] = None
     epochs: Annotated[int | None, Field(ge=1)] = None
-    batch_size: Annotated[int, Field(ge=1)] = 8
-    micro_batch_size: Annotated[int, Field(ge=1)] = 1
+    batch_size: Annotated[int, Field(ge=1, description="Rows per optimizer step (pairs, for dpo and orpo).")] = 8
+    micro_batch_size: Annotated[int, Field(ge=1, description="Rows (pairs) per forward pass.")] = 1
     learning_rate: Annotated[float, Field(gt=0)] = 1e-4
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
     warmup_steps: Annotated[int, Field(ge=0)] = 0
@@ -207,7 +258,19 @@ class TrainConfig(_Config):
             raise ValueError(
                 f"batch_size {self.batch_size} is not a multiple of micro_batch_size {self.micro_batch_size}"
             )
+        if (self.method in PREFERENCE_METHODS) != (self.dataset.format == "preference"):
+            raise ValueError(
+                f"method {self.method!r} with dataset.format {self.dataset.format!r}: the methods dpo and orpo "
+                "train on the preference format, and only they do"
+            )
+        if self.dataset.format == "preference" and self.dataset.packing:
+            raise ValueError("dataset.packing: preference pairs are not packed (each answer is its own sequence)")
         return self
+
+    @property
+    def preference_tuning(self) -> bool:
+        """DPO or ORPO: a micro-batch holds pairs, two sequences each."""
+        return self.method in PREFERENCE_METHODS
 
     @property
     def checkpoint_dir(self) -> str:
