@@ -222,10 +222,17 @@ def demo_questions() -> list[tuple[str, str]]:
     return [pairs[c * len(QUESTIONS) + c % len(QUESTIONS)] for c in range(len(COUNTRIES))]
 
 
+def wrong_answer(answer: str) -> str:
+    """The answer with the next country's capital: what a preference pair rejects."""
+    cities = list(COUNTRIES.values())
+    city = next(c for c in cities if answer.endswith(f" {c}."))
+    return answer.replace(f" {city}.", f" {cities[(cities.index(city) + 1) % len(cities)]}.")
+
+
 def write_dataset(
     path: str | Path, fmt: str = "chat", n: int = 64, seed: int = 0, pairs: list[tuple[str, str]] | None = None
 ) -> Path:
-    """A JSONL dataset in one of the three formats the training workload reads: `n` examples drawn
+    """A JSONL dataset in one of the formats the training workload reads: `n` examples drawn
     with `seed`, or exactly `pairs` (an eval set: the answer is the expected answer)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -238,6 +245,8 @@ def write_dataset(
                 row = {"prompt": f"<bos>Q: {question}\nA:", "completion": f" {answer}"}
             elif fmt == "text":
                 row = {"text": f"<bos>Q: {question}\nA: {answer}"}
+            elif fmt == "preference":  # the right capital preferred to the next country's
+                row = {"prompt": question, "chosen": answer, "rejected": wrong_answer(answer)}
             else:
                 raise ValueError(f"unknown dataset format {fmt!r}")
             f.write(json.dumps(row) + "\n")

@@ -138,6 +138,11 @@ class DatasetConfig(_Config):
     eval_fraction: EvalFraction
     skip_invalid: SkipInvalid
 
+    @property
+    def chat(self) -> bool:
+        """Rendered through the checkpoint's chat template (chat rows and preference pairs)."""
+        return self.format in ("chat", "preference")
+
 
 class LoraConfig(_Config):
     rank: LoraRank

@@ -5,7 +5,9 @@ the file, the line number and what is wrong (or, with `skip_invalid`, is counted
 Each example is tokenised as the server will tokenise the same request, and loss goes only on
 what the model should learn to write: each assistant turn of a chat, after the prompt vLLM's chat
 endpoint would send for it, with its closing end-of-turn token (so the model learns to stop); the
-completion of a prompt-completion pair (plus EOS); all of a plain text (plus EOS).
+completion of a prompt-completion pair (plus EOS); all of a plain text (plus EOS); for a
+preference pair, the chosen and the rejected answer, each rendered after the same prompt as a chat
+answer is.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -132,21 +134,33 @@ class TextCodec:
             content = message["content"].strip()
             if message["role"] != "assistant" or not content:
                 continue
-            prompt = self._encode(self.render(messages[:i], generation_prompt=True), special=False)
-            answer = self._encode(content, special=False)
-            control = [self.tokenizer.id_to_token(t) for t in answer if t in self.control_ids]
-            if control:
-                raise ValueError(
-                    f"messages[{i}].content contains {control[0]!r}, a control token of the chat "
-                    "format: an answer must be plain text (thinking is not trained: the server prompts "
-                    "with it off)"
-                )
+            prompt, answer = self._prompt_and_answer(messages[:i], content, f"messages[{i}].content")
             if not sequences or prompt[: len(sequences[-1][0])] != sequences[-1][0]:
                 sequences.append(([], []))
             tokens, mask = sequences[-1]
             mask += [False] * (len(prompt) - len(tokens)) + [True] * (len(answer) + 1)
             tokens += prompt[len(tokens) :] + answer + [self.end_of_turn_id]
         return [Example(np.asarray(tokens, np.int32), np.asarray(mask, bool)) for tokens, mask in sequences]
+
+    def answer(self, messages: list[dict], content: str, where: str) -> Example:
+        """One trained answer to a conversation: the server's prompt for it (the template's rendering
+        with the generation prompt), not trained, then the answer (trimmed) and the end-of-turn
+        token, trained. `where` names the answer's field in errors."""
+        prompt, answer = self._prompt_and_answer(messages, content.strip(), where)
+        tokens = prompt + answer + [self.end_of_turn_id]
+        mask = np.r_[np.zeros(len(prompt), bool), np.ones(len(answer) + 1, bool)]
+        return Example(np.asarray(tokens, np.int32), mask)
+
+    def _prompt_and_answer(self, messages: list[dict], content: str, where: str) -> tuple[list[int], list[int]]:
+        prompt = self._encode(self.render(messages, generation_prompt=True), special=False)
+        answer = self._encode(content, special=False)
+        control = [self.tokenizer.id_to_token(t) for t in answer if t in self.control_ids]
+        if control:
+            raise ValueError(
+                f"{where} contains {control[0]!r}, a control token of the chat format: an answer must be "
+                "plain text (thinking is not trained: the server prompts with it off)"
+            )
+        return prompt, answer
 
     @functools.cached_property
     def end_of_turn_id(self) -> int:
@@ -213,10 +227,11 @@ def _string(row: dict, key: str, *, empty_ok: bool = False) -> str:
     return value
 
 
-def _messages(row: dict) -> list[dict]:
-    messages = row["messages"]
+def _messages(row: dict, key: str = "messages", *, answered: bool = True) -> list[dict]:
+    """The chat messages of `row[key]`, checked; `answered`: at least one assistant turn has content."""
+    messages = row[key]
     if not isinstance(messages, list) or not messages:
-        raise ValueError("field 'messages' must be a non-empty list")
+        raise ValueError(f"field {key!r} must be a non-empty list")
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not {"role", "content"} <= set(message):
             raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
@@ -231,13 +246,36 @@ def _messages(row: dict) -> list[dict]:
             )
         if not isinstance(message["content"], str):
             raise ValueError(f"messages[{i}].content must be a string (only text is supported)")
-    if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
+    if answered and not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
         raise ValueError("no assistant message with content: nothing to train on")
     return messages
 
 
+def _preference(row: dict) -> None:
+    """A prompt (a user turn, or the conversation so far ending with a user turn) and two different
+    answers to it."""
+    if isinstance(row["prompt"], str):
+        _string(row, "prompt")
+    elif _messages(row, "prompt", answered=False)[-1]["role"] != "user":
+        raise ValueError("field 'prompt': the conversation must end with a user turn (the one answered)")
+    chosen, rejected = _string(row, "chosen"), _string(row, "rejected")
+    if chosen.strip() == rejected.strip():
+        raise ValueError("fields 'chosen' and 'rejected' are the same answer: the pair prefers nothing")
+
+
+def _prompt_messages(row: dict) -> list[dict]:
+    prompt = row["prompt"]
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+
+
+def _pair(codec: TextCodec, row: dict) -> list[Example]:
+    """The chosen and the rejected answer, each after the same prompt: [chosen, rejected]."""
+    messages = _prompt_messages(row)
+    return [codec.answer(messages, row[key], f"field {key!r}") for key in ("chosen", "rejected")]
+
+
 # format -> (required fields, check of their values, encoder)
-FORMATS = {
+FORMATS: dict[str, tuple[tuple[str, ...], Callable[[dict], object], Callable[[TextCodec, dict], list[Example]]]] = {
     "chat": (("messages",), _messages, lambda codec, row: codec.chat(row["messages"])),
     "prompt-completion": (
         ("prompt", "completion"),
@@ -245,6 +283,8 @@ FORMATS = {
         lambda codec, row: [codec.prompt_completion(row["prompt"], row["completion"])],
     ),
     "text": (("text",), lambda row: _string(row, "text"), lambda codec, row: [codec.text(row["text"])]),
+    # Two examples a line, the chosen answer first (training.pairs keeps them together).
+    "preference": (("prompt", "chosen", "rejected"), _preference, _pair),
 }
 
 
@@ -318,7 +358,7 @@ def read_examples(config: DatasetConfig, codec: TextCodec) -> Examples:
             invalid(config, out.skipped, number, str(e))
     if not out.items:
         raise no_usable_examples(config, out.skipped)
-    if config.format != "chat" and codec.bos_id is not None and any(e.tokens[0] != codec.bos_id for e in out.items):
+    if not config.chat and codec.bos_id is not None and any(e.tokens[0] != codec.bos_id for e in out.items):
         bos = codec.special["bos_token"]
         log.warning(
             "%s: rows are trained without %s: this tokenizer adds none, nor does vLLM's /v1/completions to "

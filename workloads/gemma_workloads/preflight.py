@@ -26,7 +26,7 @@ from gemma_workloads.training.evaluation import rows as eval_rows
 
 def check_train(config: TrainConfig) -> None:
     """The base model, every dataset line, and what the output folder already holds."""
-    check_model(config.model_path, chat=config.dataset.format == "chat")
+    check_model(config.model_path, chat=config.dataset.chat)
     check_dataset(config.dataset)
     if config.evaluation is not None:
         check_evaluation(config)

@@ -46,8 +46,9 @@ def _attended(kind: gemma4.AttentionType, window: int | None, seq_len: int) -> f
     return (seq_len + 1) / 2
 
 
-def flops_per_token(cfg: gemma4.ModelConfig, seq_len: int, lora_params: int = 0) -> float:
-    """Training FLOPs per token of a LoRA fine-tune (dense Gemma 4; MoE experts not counted)."""
+def flops_per_token(cfg: gemma4.ModelConfig, seq_len: int, lora_params: int = 0, *, reference: bool = False) -> float:
+    """Training FLOPs per token of a LoRA fine-tune (dense Gemma 4; MoE experts not counted);
+    `reference`: plus DPO's forward pass of the base model over the same token."""
     pattern = cfg.attention_pattern or gemma4.GEMMA4_ATTENTION_PATTERN
     kinds = [pattern[i % len(pattern)] for i in range(cfg.num_layers)]
     frozen = sum(_layer_weights(cfg, k) for k in kinds) + cfg.num_embed * cfg.embed_dim  # + tied output head
@@ -55,7 +56,7 @@ def flops_per_token(cfg: gemma4.ModelConfig, seq_len: int, lora_params: int = 0)
     for kind in kinds:
         head_dim = cfg.global_key_size if kind == gemma4.AttentionType.GLOBAL else cfg.head_dim
         attention += 4 * cfg.num_heads * head_dim * _attended(kind, cfg.sliding_window_size, seq_len)
-    return 4 * frozen + 6 * lora_params + 3 * attention
+    return 4 * frozen + 6 * lora_params + 3 * attention + (2 * frozen + attention if reference else 0)
 
 
 def mfu(tokens_per_second: float, flops: float, devices: int, peak: float | None) -> float | None:

@@ -32,6 +32,21 @@ def token_weighted_nll(
     """Next-token negative log-likelihood on the trained tokens, summed and scaled by `loss_scale`
     (one value per row, all equal); without it, the micro-batch's own mean."""
     mask = input_mask[:, 1:]
+    per_row = row_nll(model, input_tokens, input_mask, positions, attention_mask, chunk_tokens)
+    if loss_scale is None:
+        return per_row.sum() / jnp.maximum(mask.sum(), 1)
+    return jnp.sum(per_row * loss_scale)
+
+
+def row_nll(
+    model: nnx.Module,
+    input_tokens: jax.Array,
+    input_mask: jax.Array,
+    positions: jax.Array,
+    attention_mask: jax.Array,
+    chunk_tokens: int | None = None,
+) -> jax.Array:
+    """Each row's summed negative log-likelihood of its trained tokens, float32 `[B]`."""
     if chunk_tokens:
         nll = cross_entropy.next_token_nll(model, input_tokens, positions, attention_mask, chunk_tokens=chunk_tokens)
     else:
@@ -39,10 +54,7 @@ def token_weighted_nll(
         logits = logits[:, :-1].astype(jnp.float32)  # the last position predicts nothing here
         targets = input_tokens[:, 1:]
         nll = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    per_row = jnp.sum(jnp.where(mask, nll, 0.0), axis=1)
-    if loss_scale is None:
-        return per_row.sum() / jnp.maximum(mask.sum(), 1)
-    return jnp.sum(per_row * loss_scale)
+    return jnp.sum(jnp.where(input_mask[:, 1:], nll, 0.0), axis=1)
 
 
 def trainer_loss(chunk_tokens: int | None):

@@ -28,7 +28,7 @@ from gemma_workloads.data import TextCodec, read_examples
 from gemma_workloads.input_files import InputError
 from gemma_workloads.model_folder import check_model_folder
 from gemma_workloads.sources import resolve_model
-from gemma_workloads.training import attention, lora, loss, mesh, remat
+from gemma_workloads.training import attention, lora, loss, mesh, pairs, preference_loss, remat
 from gemma_workloads.training import batches as batching
 from gemma_workloads.training import checkpoint_writer as checkpoints
 from gemma_workloads.training import flops as metrics
@@ -68,25 +68,37 @@ def prepare_data(config: TrainConfig) -> Data:
     """Tokenise and check the whole dataset, lay it out in rows, and count the steps."""
     ds = config.dataset
     codec = TextCodec(config.model_path)
-    examples = read_examples(ds, codec)
-    kept = batching.fitting(examples.items, ds.max_seq_len)
-    train, held_out = batching.split(kept, ds.eval_fraction, config.seed)
-    rows = batching.layout(train, ds.max_seq_len, packing=ds.packing)
-    data = batching.Batches(rows, config.micro_batch_size, config.seed, accumulation=config.grad_accumulation)
+    examples = read_examples(ds, codec).items
+    if config.preference_tuning:
+        train_pairs, held_pairs = pairs.split(
+            pairs.fitting(pairs.pairs_of(examples), ds), ds.eval_fraction, config.seed
+        )
+        rows, held_rows = pairs.layout(train_pairs, ds.max_seq_len), pairs.layout(held_pairs, ds.max_seq_len)
+        data: batching.Batches = pairs.PairBatches(
+            rows, config.micro_batch_size, config.seed, accumulation=config.grad_accumulation
+        )
+        evals = pairs.eval_batches(held_rows, config.micro_batch_size) if held_pairs else []
+        held_out = [e for p in held_pairs for e in (p.chosen, p.rejected)]
+        kept, held, unit = len(train_pairs) + len(held_pairs), len(held_pairs), "pairs"
+    else:
+        train, held_out = batching.split(batching.fitting(examples, ds.max_seq_len), ds.eval_fraction, config.seed)
+        rows = batching.layout(train, ds.max_seq_len, packing=ds.packing)
+        data = batching.Batches(rows, config.micro_batch_size, config.seed, accumulation=config.grad_accumulation)
+        evals = []
+        if held_out:
+            held_rows = batching.layout(held_out, ds.max_seq_len, packing=ds.packing)
+            evals = batching.eval_batches(held_rows, config.micro_batch_size)
+        kept, held, unit = len(train) + len(held_out), len(held_out), "examples"
     total = config.steps or data.steps_for(config.epochs or 1, config.batch_size)  # epochs is 1 unless set
     if config.warmup_steps >= total:
         raise ConfigError(f"warmup_steps {config.warmup_steps} must be smaller than the {total} training steps")
-    evals = []
-    if held_out:
-        evals = batching.eval_batches(
-            batching.layout(held_out, ds.max_seq_len, packing=ds.packing), config.micro_batch_size
-        )
     log.info(
-        "data: %d examples -> %d rows of %d tokens (%d held out for eval); %d steps of %d rows",
-        len(kept),
+        "data: %d %s -> %d rows of %d tokens (%d held out for eval); %d steps of %d rows",
+        kept,
+        unit,
         len(rows),
         ds.max_seq_len,
-        len(held_out),
+        held,
         total,
         config.batch_size,
     )
@@ -187,6 +199,13 @@ def adapt(
     return model, dropout
 
 
+def training_loss(config: TrainConfig):
+    """The method's loss: token-weighted NLL (sft), or the pairs' DPO or ORPO loss."""
+    if config.preference_tuning:
+        return preference_loss.trainer_loss(config.method, config.preference, config.loss_chunk_tokens)
+    return loss.trainer_loss(config.loss_chunk_tokens)
+
+
 def make_trainer(
     model: gemma4.Gemma4, config: TrainConfig, total_steps: int, device_mesh: jax.sharding.Mesh
 ) -> Trainer:
@@ -205,8 +224,8 @@ def make_trainer(
                 pbar_description=None,
             ),
         )
-        .with_loss_fn(loss.trainer_loss(config.loss_chunk_tokens))
-        .with_gen_model_input_fn(batching.model_inputs)
+        .with_loss_fn(training_loss(config))
+        .with_gen_model_input_fn(pairs.model_inputs if config.preference_tuning else batching.model_inputs)
     )
     trainer.mesh = device_mesh
     trainer.save_times = times
@@ -267,7 +286,10 @@ def fit(
         devices=jax.device_count(),
         peak_tflops=config.peak_tflops_per_device or metrics.peak_tflops(jax.devices()[0].device_kind),
         flops_per_token=metrics.flops_per_token(
-            model_config, config.dataset.max_seq_len, lora.lora_parameter_count(trainer.model)
+            model_config,
+            config.dataset.max_seq_len,
+            lora.lora_parameter_count(trainer.model),
+            reference=config.method == "dpo",
         ),
         primary=jax.process_index() == 0,
     )
@@ -289,7 +311,7 @@ def run(config: TrainConfig) -> Outcome:
     source = config.model_path
     config = config.model_copy(update={"model_path": resolve_model(source)})
     if config.model_path != source:  # downloaded (hf://): checked now that it is here
-        check_model_folder(config.model_path, chat=config.dataset.format == "chat")
+        check_model_folder(config.model_path, chat=config.dataset.chat)
     with Preemption(config.termination_grace_seconds, multi_host=config.num_hosts > 1) as preemption:
         mesh.initialize_distributed(config.num_hosts)
         hf_config = read_hf_config(config.model_path)

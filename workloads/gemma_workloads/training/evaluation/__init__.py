@@ -5,6 +5,9 @@ the same rows, so every figure comes with its baseline (config.EVAL_METRICS name
   training's held-out batches), so the mean over every answer token; `perplexity` = exp(evalLoss).
 - `exactMatch`, `contains`, `regexMatch`: greedy answers (greedy.py, with a KV cache) to the rows
   that have an expected answer or pattern (rows.py), scored by scores.py.
+- `preferenceAccuracy`, `rewardMargin` (preference rows): the share of pairs whose chosen answer has
+  the higher summed log-probability, and the mean margin log p(chosen) - log p(rejected) in nats;
+  for the base model too, so the fine-tune's gain is the difference.
 
 The base model is the same model with every LoRA B factor zeroed (lora.adapter_off), so its
 programs are the ones already compiled. LoRA dropout is off throughout (lora.dropout_off). A figure

@@ -10,13 +10,14 @@ import time
 from dataclasses import dataclass, field
 
 import jax
+import numpy as np
 from etils import epath
 from flax import nnx
 
 from gemma_workloads.config import MetricResult, TrainConfig, join
 from gemma_workloads.data import DataError, Example, TextCodec
 from gemma_workloads.training import batches as batching
-from gemma_workloads.training import lora, loss
+from gemma_workloads.training import lora, loss, pairs, preference_loss
 from gemma_workloads.training.evaluation import scores
 from gemma_workloads.training.evaluation.greedy import generate
 from gemma_workloads.training.evaluation.rows import EvalRow, eval_dataset, read_rows
@@ -50,6 +51,7 @@ class Scores:
     loss: float
     answers: list[str | None]  # None: a row without a prompt
     hits: list[dict[str, bool]]
+    margins: list[float] = field(default_factory=list)  # log p(chosen) - log p(rejected), per preference row
 
 
 @dataclass
@@ -72,14 +74,30 @@ def mean_loss(model: nnx.Module, rows: list[EvalRow], max_seq_len: int, batch_si
     return float(sum(float(_batch_loss(model, b)) for b in batches) / len(batches))
 
 
+_pair_logps = nnx.jit(lambda model, batch: preference_loss.answer_logps(model, pairs.model_inputs(batch), None))
+
+
+def margins(model: nnx.Module, rows: list[EvalRow], max_seq_len: int, batch_size: int) -> list[float]:
+    """Each preference row's log-probability margin of its chosen answer over its rejected one."""
+    held = [pairs.Pair(r.examples[0], r.rejected) for r in rows if r.rejected is not None]
+    if not held:
+        return []
+    out: list[float] = []
+    for batch in pairs.eval_batches(pairs.layout(held, max_seq_len), batch_size):
+        logps = np.asarray(_pair_logps(model, batch))
+        out.extend((logps[:batch_size] - logps[batch_size:]).tolist())
+    return out[: len(held)]
+
+
 def score(model: nnx.Module, rows: list[EvalRow], config: TrainConfig, codec: TextCodec) -> Scores:
     """The loss and the greedy answers of one model."""
     ev = config.evaluation
     assert ev is not None  # prepare() gave rows: the config has an evaluation
     with lora.dropout_off(model):
         value = mean_loss(model, rows, config.dataset.max_seq_len, config.micro_batch_size)
+        margin = margins(model, rows, config.dataset.max_seq_len, config.micro_batch_size)
         prompts = [r.prompt for r in rows if r.prompt is not None]
-        stops = codec.stop_ids | ({codec.end_of_turn_id} if config.dataset.format == "chat" else set())
+        stops = codec.stop_ids | ({codec.end_of_turn_id} if config.dataset.chat else set())
         generated = iter(
             generate(
                 model, prompts, max_new_tokens=ev.max_new_tokens, stop_ids=stops, batch_size=config.micro_batch_size
@@ -95,7 +113,7 @@ def score(model: nnx.Module, rows: list[EvalRow], config: TrainConfig, codec: Te
         scores.hits(a, r.expected, r.expected_regex) if a is not None else {}
         for r, a in zip(rows, answers, strict=True)
     ]
-    return Scores(value, answers, hits)
+    return Scores(value, answers, hits, margin)
 
 
 def figures(rows: list[EvalRow], tuned: Scores, base: Scores | None) -> list[MetricResult]:
@@ -111,6 +129,9 @@ def figures(rows: list[EvalRow], tuned: Scores, base: Scores | None) -> list[Met
     ]
     for name in scores.rates(tuned.hits):
         out.append(both(name, lambda s, n=name: scores.rates(s.hits)[n]))
+    if tuned.margins:
+        out.append(both("preferenceAccuracy", lambda s: (float(np.mean(np.asarray(s.margins) > 0)), len(s.margins))))
+        out.append(both("rewardMargin", lambda s: (float(np.mean(s.margins)), len(s.margins))))
     return out
 
 

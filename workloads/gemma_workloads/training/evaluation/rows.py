@@ -8,7 +8,10 @@ generation from the prompt of its last trained answer, and the answer scored aga
 - chat `{messages, expected_regex?}`: the last assistant turn's content (trimmed, as trained);
   the prompt is the conversation before it, rendered with the generation prompt;
 - prompt-completion `{prompt, completion, expected_regex?}`: the completion;
-- text `{text}`: loss only (there is no prompt to answer).
+- text `{text}`: loss only (there is no prompt to answer);
+- preference `{prompt, chosen, rejected, expected?, expected_regex?}`: the loss of the chosen
+  answer, and the log-probability margin of chosen over rejected; answered only where `expected`
+  or `expected_regex` is given.
 
 `expected_regex` (optional, a Python regular expression) is searched for in the answer.
 """
@@ -27,6 +30,7 @@ from gemma_workloads.data import FORMATS, DataError, Example, TextCodec, invalid
 log = logging.getLogger(__name__)
 
 REGEX_FIELD = "expected_regex"
+EXPECTED_FIELD = "expected"  # a preference row's answer to match (the other formats' is their answer)
 
 
 @dataclass(frozen=True)
@@ -37,10 +41,13 @@ class EvalRow:
     prompt_text: str  # the prompt as the predictions file shows it
     expected: str | None  # the answer to match exactly or contain
     expected_regex: str | None
+    rejected: Example | None = None  # a preference row's rejected answer (examples holds the chosen one)
 
 
 def check_regex(row: dict, fmt: str) -> str | None:
     """The row's `expected_regex`, checked: a string that compiles, on a row with a prompt."""
+    if fmt == "preference" and EXPECTED_FIELD in row and not isinstance(row[EXPECTED_FIELD], str):
+        raise ValueError(f"field {EXPECTED_FIELD!r} must be a string, got {type(row[EXPECTED_FIELD]).__name__}")
     if REGEX_FIELD not in row:
         return None
     pattern = row[REGEX_FIELD]
@@ -79,6 +86,13 @@ def _row(number: int, row: dict, fmt: str, codec: TextCodec, examples: list[Exam
     prompt = _last_prompt(examples[-1])
     if not len(prompt):  # an empty prompt, with no BOS: nothing to answer
         return EvalRow(number, examples, None, "", None, None)
+    if fmt == "preference":
+        chosen, rejected = examples
+        expected = row.get(EXPECTED_FIELD)
+        if expected is None and regex is None:  # nothing to match an answer against: not answered
+            return EvalRow(number, [chosen], None, "", None, None, rejected)
+        text = codec.tokenizer.decode(prompt.tolist(), skip_special_tokens=False)
+        return EvalRow(number, [chosen], prompt, text, expected, regex, rejected)
     if fmt == "chat":
         expected = next(
             m["content"] for m in reversed(row["messages"]) if m["role"] == "assistant" and m["content"].strip()
@@ -105,7 +119,7 @@ def read_rows(
             examples = [replace(e, line=number) for e in encode(codec, row)]
             kept = [e for e in examples if len(e) <= dataset.max_seq_len]
             too_long += len(examples) - len(kept)
-            if not kept:
+            if not kept or (dataset.format == "preference" and len(kept) < len(examples)):
                 continue
             item = _row(number, row, dataset.format, codec, kept)
         except DataError:
