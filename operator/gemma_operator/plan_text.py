@@ -89,7 +89,7 @@ def _method(p: FineTunePlan) -> dict[str, Any]:
         "preference": p.train.preference.model_dump(mode="json") if p.train.preference_tuning else None,
         "sequencesPerRow": cost.sequences_per_row,
         "referenceForward": cost.reference_forward,
-        "flopsPerTokenOverParams": cost.flops_per_token(p.shape) / p.shape.params if p.shape else None,
+        "flopsPerTokenPerParam": cost.flops_per_token(p.shape) / p.shape.params if p.shape else None,
     }
 
 
@@ -100,7 +100,7 @@ def _method_text(d: dict[str, Any], batch: int) -> list[str]:
     pref = d["preference"]
     setting = f"beta {pref['beta']:g}" if d["name"] == "dpo" else f"orpo lambda {pref['orpo_lambda']:g}"
     reference = "a reference forward of the base model (adapter off)" if d["referenceForward"] else "no reference"
-    flops = "" if d["flopsPerTokenOverParams"] is None else f", {d['flopsPerTokenOverParams']:g}N FLOPs a token"
+    flops = "" if d["flopsPerTokenPerParam"] is None else f", {d['flopsPerTokenPerParam']:g}N FLOPs a token"
     return [
         f"  method:        {d['name']} ({setting}, label smoothing {pref['label_smoothing']:g}): {batch} pairs a "
         f"step, {d['sequencesPerRow']} sequences each; {reference}{flops}"

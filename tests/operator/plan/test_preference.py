@@ -131,6 +131,16 @@ def test_the_time_estimate_counts_both_sequences_and_dpos_reference_forward():
     assert METHOD_COST["dpo"].flops_per_token(G31) == pytest.approx(8 * G31.params)
 
 
+def test_the_evaluation_scores_both_sequences_of_a_pair():
+    def scored(b: finetune) -> int:
+        b = b.set("evaluation", {"uri": "gs://data/eval.jsonl", "maxRows": 100, "maxNewTokens": 32})
+        return plan_finetune(b.name, "ns", b.spec, SETTINGS).evaluation.tokens
+
+    seq = 2048  # the builder's maxSeqLen; the baseline doubles every figure
+    assert scored(finetune("pt")) == 100 * (seq + 32) * 2
+    assert scored(pairs("dpo")) == scored(pairs("orpo")) == 100 * (2 * seq + 32) * 2
+
+
 def test_gemma_tpu_plan_shows_more_hbm_and_hours_for_the_dpo_example_than_for_it_as_sft(tmp_path, capsys):
     dpo = yaml.safe_load(EXAMPLE.read_text())
     orpo = json.loads(json.dumps(dpo))
@@ -151,7 +161,7 @@ def test_gemma_tpu_plan_shows_more_hbm_and_hours_for_the_dpo_example_than_for_it
         "preference": None,
         "sequencesPerRow": 1,
         "referenceForward": False,
-        "flopsPerTokenOverParams": 6.0,
+        "flopsPerTokenPerParam": 6.0,
     }
 
     assert cli.main_exit(["plan", "-f", str(EXAMPLE)]) == 0
