@@ -277,7 +277,7 @@ class GateCondition(Model):
     max: value <= max); `baseline` compares with the base model's figure on the same rows, in the
     metric's direction: `better` is strict, `noWorse` allows equality. All the bounds set must hold."""
 
-    metric: Annotated[EvalMetric, Field(description="evalLoss and perplexity: lower is better; the shares higher.")]
+    metric: Annotated[EvalMetric, Field(description="evalLoss and perplexity: lower is better; the others higher.")]
     min: Annotated[float | None, Field(description="Passes when the value is at least this.")] = None
     max: Annotated[float | None, Field(description="Passes when the value is at most this.")] = None
     baseline: Annotated[
@@ -497,6 +497,12 @@ class GemmaFineTuneSpec(Model):
     output: Output
     lora: Lora = Field(default_factory=Lora)
     training: Training = Field(default_factory=Training)
+    # What training optimises: the training contract's (gemma_workloads.config.TrainConfig.method).
+    method: config.MethodField
+    preference: Annotated[
+        Preference | None,
+        Field(description="Settings of method dpo or orpo; unset: their defaults. Only with those methods."),
+    ] = None
     tpu: TPU = Field(default_factory=TPU)
     merge: Merge = Field(default_factory=Merge)
     suspend: Annotated[bool, Field(description="Stop (or hold) training; resume later.")] = False
@@ -511,12 +517,6 @@ class GemmaFineTuneSpec(Model):
     ] = 3
     evaluation: Annotated[
         Evaluation | None, Field(description="Score the fine-tune and its base model after training.")
-    ] = None
-    # What training optimises: the training contract's (gemma_workloads.config.TrainConfig.method).
-    method: config.MethodField
-    preference: Annotated[
-        Preference | None,
-        Field(description="Settings of method dpo or orpo; unset: their defaults. Only with those methods."),
     ] = None
 
     @model_validator(mode="after")
