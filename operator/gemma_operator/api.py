@@ -11,7 +11,7 @@ storage, images), and one file read top to bottom is how `kubectl explain` reads
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -84,7 +84,7 @@ MAX_ITEMS = {
     "mountOptions": 64,
     "gate": 16,
     "conditions": 32,  # one per condition type (a list map keyed by type)
-    "metrics": 16,  # one figure per evaluation metric (five today)
+    "metrics": 16,  # one figure per evaluation metric (seven today)
     "runs": 10,  # status.runs: enough to roll back, small enough for the status
     "passedRuns": 10,  # a subset of the fine-tune's status.runs
     "rejectedRuns": 10,  # runs whose benchmark missed the SLO (bounded like status.runs)
@@ -240,7 +240,10 @@ class MetricFigure(StatusModel):
 
     name: Annotated[
         str,
-        Field(max_length=MAX_LENGTH["metric"], description="evalLoss, perplexity, exactMatch, contains or regexMatch."),
+        Field(
+            max_length=MAX_LENGTH["metric"],
+            description="evalLoss, perplexity, exactMatch, contains, regexMatch, preferenceAccuracy or rewardMargin.",
+        ),
     ]
     value: Annotated[float, Field(description="The fine-tune's figure.")]
     baseline: Annotated[float | None, Field(description="The base model's figure on the same rows.")] = None
@@ -274,7 +277,7 @@ class GateCondition(Model):
     max: value <= max); `baseline` compares with the base model's figure on the same rows, in the
     metric's direction: `better` is strict, `noWorse` allows equality. All the bounds set must hold."""
 
-    metric: Annotated[EvalMetric, Field(description="evalLoss and perplexity: lower is better; the shares higher.")]
+    metric: Annotated[EvalMetric, Field(description="evalLoss and perplexity: lower is better; the others higher.")]
     min: Annotated[float | None, Field(description="Passes when the value is at least this.")] = None
     max: Annotated[float | None, Field(description="Passes when the value is at most this.")] = None
     baseline: Annotated[
@@ -335,6 +338,12 @@ class Dataset(Model):
     eval_fraction: config.EvalFraction
     skip_invalid: config.SkipInvalid
 
+    @model_validator(mode="after")
+    def _pairs_unpacked(self) -> Dataset:
+        if self.format == "preference" and self.packing:
+            raise ValueError("packing: preference pairs are not packed (each answer is its own sequence); set it false")
+        return self
+
 
 class Lora(Model):
     """LoRA adapter settings (Qwix). Targets use Hugging Face projection names."""
@@ -375,16 +384,20 @@ class Mesh(Model):
 
 
 class Training(Model):
-    """Optimisation settings. The effective batch is batchSize sequences per optimizer step."""
+    """Optimisation settings. The effective batch is batchSize rows (sequences, or pairs with method dpo or
+    orpo) per optimizer step."""
 
     steps: Annotated[int | None, Field(ge=1, description="Optimizer steps (or set epochs).")] = None
     epochs: Annotated[int | None, Field(ge=1, description="Passes over the data (or set steps); default 1.")] = None
-    batch_size: Annotated[int, Field(ge=1, description="Global batch (sequences per step).")] = 8
+    batch_size: Annotated[
+        int,
+        Field(ge=1, description="Global batch: rows per step (sequences; pairs with method dpo or orpo)."),
+    ] = 8
     micro_batch_size: Annotated[
         int | None,
         Field(
             ge=1,
-            description="Sequences per forward pass across the slice; batchSize/microBatchSize "
+            description="Rows (sequences, or pairs) per forward pass across the slice; batchSize/microBatchSize "
             "is the gradient accumulation. Default: the mesh's data-parallel size.",
         ),
     ] = None
@@ -422,6 +435,34 @@ class Training(Model):
         return self
 
 
+def _unset_by_default(contract_field: Any) -> Any:
+    """A contract field (its type, bounds and description) that stays unset unless the CR sets it: the
+    API server then stores no default, so a rule can tell a value set for the other method from none,
+    and the plan hands the contract's default to the pod."""
+    base, declared = get_args(contract_field)
+    return Annotated[
+        Annotated[base, *declared.metadata] | None,
+        Field(description=f"{declared.description} Unset: {declared.default:g}."),
+    ]
+
+
+if TYPE_CHECKING:
+    DpoBeta = float | None  # a type checker cannot read a type built at run time
+    OrpoLambda = float | None
+else:
+    DpoBeta = _unset_by_default(config.PreferenceBeta)
+    OrpoLambda = _unset_by_default(config.OrpoLambda)
+
+
+class Preference(Model):
+    """The settings of the preference methods (Tunix's DPO trainer: beta, lambda_orpo, label_smoothing).
+    beta is dpo's and orpoLambda orpo's: either one set for the other method is refused."""
+
+    beta: DpoBeta = None
+    orpo_lambda: OrpoLambda = None
+    label_smoothing: config.LabelSmoothing
+
+
 class Output(Model):
     """Where the run writes: runs/<run>/ holds the checkpoints and the merged model."""
 
@@ -456,6 +497,12 @@ class GemmaFineTuneSpec(Model):
     output: Output
     lora: Lora = Field(default_factory=Lora)
     training: Training = Field(default_factory=Training)
+    # What training optimises: the training contract's (gemma_workloads.config.TrainConfig.method).
+    method: config.MethodField
+    preference: Annotated[
+        Preference | None,
+        Field(description="Settings of method dpo or orpo; unset: their defaults. Only with those methods."),
+    ] = None
     tpu: TPU = Field(default_factory=TPU)
     merge: Merge = Field(default_factory=Merge)
     suspend: Annotated[bool, Field(description="Stop (or hold) training; resume later.")] = False
@@ -480,6 +527,34 @@ class GemmaFineTuneSpec(Model):
                 "above 0 (a held-out split)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _method_settings(self) -> GemmaFineTuneSpec:
+        if problem := _preference_problem(self.method, self.dataset.format, self.preference):
+            raise ValueError(problem)
+        return self
+
+
+def _preference_problem(method: str, dataset_format: str, preference: Preference | None) -> str | None:
+    """What is wrong with a method's data and settings: dpo and orpo train on preference pairs and
+    only they do, and each takes its own setting (the CRD's CEL rules say the same)."""
+    pairs = method in config.PREFERENCE_METHODS
+    if pairs and dataset_format != "preference":
+        return (
+            f"method {method} trains on dataset.format preference ({{prompt, chosen, rejected}} rows), "
+            f"not {dataset_format}"
+        )
+    if not pairs and dataset_format == "preference":
+        return f"dataset.format preference is for method dpo or orpo (method is {method})"
+    if preference is None:
+        return None
+    if not pairs:
+        return f"preference is only used with method dpo or orpo (method is {method})"
+    if preference.beta is not None and method != "dpo":
+        return f"preference.beta is only used with method dpo (method is {method}: its weight is orpoLambda)"
+    if preference.orpo_lambda is not None and method != "orpo":
+        return f"preference.orpoLambda is only used with method orpo (method is {method}: its setting is beta)"
+    return None
 
 
 class Progress(StatusModel):

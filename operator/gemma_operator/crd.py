@@ -16,6 +16,11 @@ from pydantic import BaseModel
 
 from gemma_operator import api
 
+# Whether a GemmaFineTuneSpec's method trains on preference pairs, in CEL.
+_PREFERENCE_METHOD = "(has(self.method) && self.method in [{}])".format(
+    ", ".join(f"'{m}'" for m in api.config.PREFERENCE_METHODS)
+)
+
 # Cross-field rules the API server enforces at admission (the models enforce them too).
 CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
     api.ModelSource: [
@@ -43,10 +48,34 @@ CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
     api.CompilationCache: [
         {"rule": "has(self.uri) != has(self.pvc)", "message": "set exactly one of uri or pvc"},
     ],
+    api.Dataset: [
+        {
+            "rule": "!has(self.format) || self.format != 'preference' || !has(self.packing) || !self.packing",
+            "message": "packing: preference pairs are not packed",
+        },
+    ],
     api.GemmaFineTuneSpec: [
         {
             "rule": "!has(self.evaluation) || has(self.evaluation.uri) || self.dataset.evalFraction > 0.0",
             "message": "evaluation has no rows: set spec.evaluation.uri or spec.dataset.evalFraction above 0",
+        },
+        # An unset method is sft and an unset format chat (their defaults, which the API server applies first).
+        {
+            "rule": f"{_PREFERENCE_METHOD} == (has(self.dataset.format) && self.dataset.format == 'preference')",
+            "message": "methods dpo and orpo train on dataset.format preference, and only they do",
+        },
+        {
+            "rule": f"!has(self.preference) || {_PREFERENCE_METHOD}",
+            "message": "preference is only used with method dpo or orpo",
+        },
+        {
+            "rule": "!has(self.preference) || !has(self.preference.beta) || (has(self.method) && self.method == 'dpo')",
+            "message": "preference.beta is only used with method dpo",
+        },
+        {
+            "rule": "!has(self.preference) || !has(self.preference.orpoLambda) "
+            "|| (has(self.method) && self.method == 'orpo')",
+            "message": "preference.orpoLambda is only used with method orpo",
         },
     ],
     api.GateCondition: [

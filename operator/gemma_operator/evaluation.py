@@ -16,10 +16,11 @@ from gemma_operator import api, reasons
 from gemma_operator.status import written
 from gemma_workloads.config import MetricResult, TrainResult
 
-# The headline of `kubectl get gft`: the one figure every evaluation has (each row has answer
-# tokens; the match rates need rows with an expected answer), continuous (a small gain shows),
-# and with the base model's value beside it, it says at a glance whether the fine-tune helped.
-HEADLINE = "evalLoss"
+# The headline of `kubectl get gft`, the first of these a run has: a preference run's share of pairs
+# ranked right (what dpo and orpo optimise), else the one figure every evaluation has (each row has
+# answer tokens; the match rates need rows with an expected answer). Both are continuous (a small gain
+# shows), and with the base model's value beside them say at a glance whether the fine-tune helped.
+HEADLINES = ("preferenceAccuracy", "evalLoss")
 MAX_RUNS = api.MAX_ITEMS["runs"]  # runs kept in status.runs (the CRD bounds the list)
 
 
@@ -67,7 +68,8 @@ def _figure(m: dict[str, Any]) -> str:
 
 def summary(metrics: list[dict[str, Any]]) -> str | None:
     """The headline figure with its baseline, e.g. `evalLoss 1.234 (base 1.802)`."""
-    head = next((m for m in metrics if m["name"] == HEADLINE), metrics[0] if metrics else None)
+    by_name = {m["name"]: m for m in metrics}
+    head = next((by_name[h] for h in HEADLINES if h in by_name), metrics[0] if metrics else None)
     return _figure(head) if head else None
 
 

@@ -5,7 +5,9 @@ Deliberately simple, per-chip, and conservative where the layout is not known:
   AdamW moments in float32, sharded over tp only; activations per micro-batch (with decoder
   rematerialisation only the layer inputs are kept, plus one layer's working set; without it every
   layer's), using the 34*D + 5*heads*seq bytes-per-token rule of Korthikanti et al. (2022); the
-  float32 logits and their gradient; a fixed allowance for XLA's buffers. `remat_policy` picks
+  float32 logits and their gradient; a fixed allowance for XLA's buffers. A preference pair is two
+  sequences, and DPO's reference forward adds one layer's working set and float32 logits without
+  gradient (training_method.py). `remat_policy` picks
   the fastest rematerialisation that fits (gemma_workloads.training.remat): keeping everything, else
   keeping the projections' outputs ("dots"), else whole-layer recompute. Remat saves memory only
   where XLA keeps JAX's optimization barriers until it has scheduled the step, so that each layer
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gemma_operator.model_shapes import DTYPE_BYTES, ModelShape
+from gemma_operator.training_method import METHOD_COST
 
 GIB = 2**30
 XLA_ALLOWANCE = 1 * GIB
@@ -89,10 +92,13 @@ def training_memory(
     remat: bool,
     hbm_gib: float,
     usable_fraction: float,
+    method: str = "sft",
 ) -> MemoryEstimate:
     b = DTYPE_BYTES[dtype]
     devices = fsdp * tp
-    tokens = max(1, micro_batch // fsdp) * seq_len  # per device: the batch is split over fsdp
+    cost = METHOD_COST[method]
+    # Per device: the batch's rows are split over fsdp, each one or two sequences.
+    tokens = max(1, micro_batch // fsdp) * cost.sequences_per_row * seq_len
     per_layer_work = tokens * (34 * shape.embed_dim + 5 * shape.heads * seq_len) * b / tp
     layer_inputs = tokens * shape.embed_dim * b * shape.layers
     # "dots" also keeps each layer's matmul outputs: q, k, v, attention, o, gate, up, down
@@ -109,8 +115,10 @@ def training_memory(
         "lora+adam": shape.lora_params(lora_rank, lora_targets) * 4 * 4 / tp,
         "activations": activations,
         "logits": tokens * shape.vocab * 4 * 2 / tp,
-        "xla": XLA_ALLOWANCE,
     }
+    if cost.reference_forward:  # one layer at a time, then float32 logits, no gradient; counted as overlapping the step
+        parts["reference"] = per_layer_work + tokens * shape.vocab * 4 / tp
+    parts["xla"] = XLA_ALLOWANCE
     return MemoryEstimate(parts, hbm_gib * GIB * usable_fraction, activations_by_remat=by_remat)
 
 

@@ -76,6 +76,10 @@ class ModelShape:
         """Training FLOPs per token: 6N for the matmuls (LoRA adds little)."""
         return 6.0 * self.params
 
+    def forward_flops_per_token(self) -> float:
+        """FLOPs per token of a forward pass alone: 2N, one multiply-add per parameter."""
+        return 2.0 * self.params
+
 
 PRESETS: dict[str, ModelShape] = {
     "gemma4-31b": ModelShape(

@@ -9,6 +9,7 @@ from gemma_operator import fit, host, pricing, rollout_gate
 from gemma_operator.children import merge, model_delivery, serving, training
 from gemma_operator.plan import FineTunePlan, ServePlan
 from gemma_operator.plan import evaluation as evaluation_plan
+from gemma_operator.training_method import METHOD_COST
 
 
 def _slice(p: FineTunePlan | ServePlan) -> dict[str, Any]:
@@ -78,6 +79,32 @@ def _staging_text(s: dict[str, Any]) -> str:
     where = {"ephemeralVolume": "a volume claimed with the pod", "emptyDir": "the node's disk (ephemeral-storage)"}
     disk = "" if s["disk"] is None else f": {_fit_text(s['disk'], '')}"
     return f"{s['size']} on {where[s['volume']]} at {s['path']}{disk}"
+
+
+def _method(p: FineTunePlan) -> dict[str, Any]:
+    """What training optimises, and what a row of it costs (training_method.py)."""
+    cost = METHOD_COST[p.train.method]
+    return {
+        "name": p.train.method,
+        "preference": p.train.preference.model_dump(mode="json") if p.train.preference_tuning else None,
+        "sequencesPerRow": cost.sequences_per_row,
+        "referenceForward": cost.reference_forward,
+        "flopsPerTokenPerParam": cost.flops_per_token(p.shape) / p.shape.params if p.shape else None,
+    }
+
+
+def _method_text(d: dict[str, Any], batch: int) -> list[str]:
+    """The method's line of `gemma-tpu plan`, for a preference method (sft has none)."""
+    if d["preference"] is None:
+        return []
+    pref = d["preference"]
+    setting = f"beta {pref['beta']:g}" if d["name"] == "dpo" else f"orpo lambda {pref['orpo_lambda']:g}"
+    reference = "a reference forward of the base model (adapter off)" if d["referenceForward"] else "no reference"
+    flops = "" if d["flopsPerTokenPerParam"] is None else f", {d['flopsPerTokenPerParam']:g}N FLOPs a token"
+    return [
+        f"  method:        {d['name']} ({setting}, label smoothing {pref['label_smoothing']:g}): {batch} pairs a "
+        f"step, {d['sequencesPerRow']} sequences each; {reference}{flops}"
+    ]
 
 
 def _price(price: pricing.Price | None) -> dict[str, Any] | None:
@@ -199,6 +226,7 @@ def as_dict(p: FineTunePlan | ServePlan, fine_tune: FineTunePlan | None = None) 
         "model": p.model_label,
         "slice": _slice(p),
         "workload": "JobSet" if p.multi_host else "Job",
+        "method": _method(p),
         "mesh": {"fsdp": p.mesh.fsdp, "tp": p.mesh.tp},
         "microBatch": p.micro_batch,
         "gradientAccumulation": p.train.grad_accumulation,
@@ -267,7 +295,9 @@ def as_text(p: FineTunePlan | ServePlan, fine_tune: FineTunePlan | None = None) 
         f"  model:         {d['model']}",
         f"  slice:         {where}",
         f"  workload:      {d['workload']} {d['trainingJob']}",
-        f"  mesh:          fsdp {d['mesh']['fsdp']} x tp {d['mesh']['tp']}, micro-batch {d['microBatch']}, "
+        *_method_text(d["method"], p.train.batch_size),
+        f"  mesh:          fsdp {d['mesh']['fsdp']} x tp {d['mesh']['tp']}, "
+        f"micro-batch {METHOD_COST[p.train.method].rows(d['microBatch'])}, "
         f"gradient accumulation {d['gradientAccumulation']}",
         f"  HBM per chip:  {hbm}",
         *_host_text(d["host"]),

@@ -4,6 +4,8 @@ and the plan hands the blocks over whole."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import pytest
 from pydantic import ValidationError
 
@@ -30,6 +32,32 @@ def test_every_api_field_is_a_contract_field_with_its_declaration(api_model, con
             theirs.description,
         ), name
     assert set(contract.model_fields) == {renamed.get(n, n) for n in api_model.model_fields}
+
+
+def test_the_preference_settings_carry_the_contracts_bounds_and_leave_its_defaults_to_the_plan():
+    """beta and orpoLambda belong to one method each: the API leaves them unset (so a value set for the
+    other method shows), with the contract's bounds and description; the plan hands over its defaults."""
+    for name in ("beta", "orpo_lambda"):
+        ours, theirs = api.Preference.model_fields[name], config.PreferenceConfig.model_fields[name]
+        assert ours.default is None and ours.annotation == (Annotated[float, *theirs.metadata] | None), name
+        assert ours.description == f"{theirs.description} Unset: {theirs.default:g}.", name
+    ours, theirs = (
+        api.Preference.model_fields["label_smoothing"],
+        config.PreferenceConfig.model_fields["label_smoothing"],
+    )
+    assert (ours.annotation, ours.metadata, ours.default, ours.description) == (
+        theirs.annotation,
+        theirs.metadata,
+        theirs.default,
+        theirs.description,
+    )
+    assert set(config.PreferenceConfig.model_fields) == set(api.Preference.model_fields)
+    method = api.GemmaFineTuneSpec.model_fields["method"]
+    assert (method.annotation, method.default, method.description) == (
+        config.TrainConfig.model_fields["method"].annotation,
+        config.TrainConfig.model_fields["method"].default,
+        config.TrainConfig.model_fields["method"].description,
+    )
 
 
 def test_the_lora_targets_are_the_contracts_modules():

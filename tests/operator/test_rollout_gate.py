@@ -161,7 +161,8 @@ def test_the_api_knows_the_workload_metrics_and_their_direction():
     [
         (
             {"gate": [{"metric": "bleu", "min": 1}]},
-            "spec.rollout.gate.0.metric: Input should be 'evalLoss', 'perplexity', 'exactMatch', 'contains' or 'regexMatch'",
+            "spec.rollout.gate.0.metric: Input should be 'evalLoss', 'perplexity', 'exactMatch', 'contains', "
+            "'regexMatch', 'preferenceAccuracy' or 'rewardMargin'",
         ),
         ({"gate": [{"metric": "evalLoss"}]}, "spec.rollout.gate.0: gate on evalLoss: set min, max or baseline"),
         ({"gate": [{"metric": "exactMatch", "min": 0.8, "max": 0.5}]}, "min 0.8 is above max 0.5: nothing could pass"),

@@ -2,7 +2,8 @@
 
 The evaluation runs in the training pod on the training slice after the last step, so it costs
 the slice's chips for as long as it takes. Its cost is bounded by the spec: at most `maxRows`
-rows, each a forward pass over the row (up to `dataset.maxSeqLen` tokens) and up to
+rows, each a forward pass over the row (up to `dataset.maxSeqLen` tokens, twice for a preference
+pair) and up to
 `maxNewTokens` greedy steps (one forward token each); all of it twice with `baseline` (the base
 model is scored on the same rows). The time uses the training estimate's model: forward FLOPs
 (2 per parameter per token) at the operator's assumed MFU. Greedy decoding of one row at a time
@@ -15,15 +16,15 @@ from dataclasses import dataclass
 
 from gemma_operator import api, tpu
 from gemma_operator.model_shapes import ModelShape
+from gemma_operator.training_method import METHOD_COST
 from gemma_workloads.config import EvaluationConfig
-
-FORWARD_FLOPS_PER_PARAM = 2.0  # a forward pass: one multiply-add per parameter per token
 
 
 @dataclass(frozen=True)
 class EvaluationEstimate:
     rows: int
-    tokens_per_row: int  # the row's forward pass plus the greedy steps
+    tokens_per_row: int  # the row's forward pass (both sequences of a pair) plus the greedy steps
+    sequences_per_row: int  # 2 for a preference pair
     models: int  # 2 with the baseline
     tokens: int
     hours: float
@@ -64,11 +65,14 @@ def estimate(
     if ev is None or shape is None or not chips:
         return None
     models = 2 if ev.baseline else 1
-    per_row = spec.dataset.max_seq_len + ev.max_new_tokens
+    sequences = METHOD_COST[spec.method].sequences_per_row  # a preference pair: both of its sequences are scored
+    per_row = spec.dataset.max_seq_len * sequences + ev.max_new_tokens
     tokens = ev.max_rows * per_row * models
     peak = chips * tpu.GENERATIONS[accelerator].peak_bf16_tflops * 1e12
-    hours = tokens * FORWARD_FLOPS_PER_PARAM * shape.params / (peak * mfu) / 3600
-    return EvaluationEstimate(ev.max_rows, per_row, models, tokens, hours, hours * chips, hours * chips * price)
+    hours = tokens * shape.forward_flops_per_token() / (peak * mfu) / 3600
+    return EvaluationEstimate(
+        ev.max_rows, per_row, sequences, models, tokens, hours, hours * chips, hours * chips * price
+    )
 
 
 def describe(ev: api.Evaluation | None, est: EvaluationEstimate | None) -> dict | None:
@@ -84,6 +88,7 @@ def describe(ev: api.Evaluation | None, est: EvaluationEstimate | None) -> dict 
         if est is None
         else {
             "tokensPerRow": est.tokens_per_row,
+            "sequencesPerRow": est.sequences_per_row,
             "models": est.models,
             "tokens": est.tokens,
             "hours": round(est.hours, 3),
@@ -100,8 +105,10 @@ def text(d: dict, price: float) -> str:
     est = d["estimate"]
     if est is None:
         return f"{what}; cost unknown (needs a model preset on a TPU)"
+    sequences, forward = est["sequencesPerRow"], est["tokensPerRow"] - d["maxNewTokens"]
+    forwards = f"{forward}-token forward" if sequences == 1 else f"{sequences} x {forward // sequences}-token forward"
     return (
-        f"{what}: {d['maxRows']} x ({est['tokensPerRow'] - d['maxNewTokens']}-token forward + {d['maxNewTokens']} "
+        f"{what}: {d['maxRows']} x ({forwards} + {d['maxNewTokens']} "
         f"greedy steps) x {est['models']} = {est['tokens'] / 1e6:.2f} M tokens, +{est['hours'] * 60:.1f} min, "
         f"{est['chipHours']:.2f} chip-hours, ${est['cost']:.2f} at ${price:.2f}/chip-hour"
     )

@@ -27,7 +27,17 @@ from gemma_operator.plan.common import (
     placement,
 )
 from gemma_operator.settings import OperatorSettings
-from gemma_workloads.config import DatasetConfig, LoraConfig, MergeConfig, MeshConfig, TrainConfig, join, run_dir
+from gemma_operator.training_method import METHOD_COST
+from gemma_workloads.config import (
+    DatasetConfig,
+    LoraConfig,
+    MergeConfig,
+    MeshConfig,
+    PreferenceConfig,
+    TrainConfig,
+    join,
+    run_dir,
+)
 
 MAX_TP = 4  # Gemma 4 31B's global layers have 4 KV heads: TP=8 does not divide them.
 
@@ -125,6 +135,19 @@ def _mesh(
     return mesh, []
 
 
+def _slice_and_mesh(
+    spec: api.GemmaFineTuneSpec, shape: ModelShape | None, preset: str | None
+) -> tuple[Placement, MeshConfig, list[str]]:
+    """The slice and its mesh, with their problems; a slice that cannot be placed is reported with
+    whatever else is wrong."""
+    try:
+        place = placement(spec.tpu)
+        mesh, problems = _mesh(spec, place, shape, preset)
+    except SpecError as e:
+        return Placement("cpu", None, {}, []), MeshConfig(fsdp=1, tp=1), e.problems
+    return place, mesh, problems
+
+
 def _micro_batch(spec: api.GemmaFineTuneSpec, mesh: MeshConfig) -> tuple[int, list[str]]:
     batch = spec.training.batch_size
     micro = spec.training.micro_batch_size or min(batch, mesh.fsdp)
@@ -192,13 +215,16 @@ def _hbm(
         remat=spec.training.gradient_checkpointing,
         hbm_gib=tpu.GENERATIONS[place.accelerator].hbm_gib_per_chip,
         usable_fraction=settings.hbm_usable_fraction,
+        method=spec.method,
     )
     if memory.fits:
         return memory, []
     hint = "" if spec.training.gradient_checkpointing else "; enable training.gradientCheckpointing"
+    training = "training" if spec.method == "sft" else f"{spec.method} training"
     return memory, [
-        f"spec.tpu: {preset} does not fit {place.label} for training: {memory.describe()} "
-        f"(seq {spec.dataset.max_seq_len}, micro-batch {micro}, LoRA rank {spec.lora.rank}){hint}; "
+        f"spec.tpu: {preset} does not fit {place.label} for {training}: {memory.describe()} "
+        f"(seq {spec.dataset.max_seq_len}, micro-batch {METHOD_COST[spec.method].rows(micro)}, "
+        f"LoRA rank {spec.lora.rank}){hint}; "
         "use a larger topology, a shorter dataset.maxSeqLen or a smaller microBatchSize"
     ]
 
@@ -232,6 +258,7 @@ def train_config(
 ) -> TrainConfig:
     """The training pod's config. The dataset and LoRA fields are the contract's own (api declares
     them with its types), so they are handed over whole; only the dataset's location is renamed.
+    Preference settings the spec leaves unset take the contract's defaults.
     With gradient checkpointing on, the remat policy is the fastest the HBM estimate fits."""
     t = spec.training
     return TrainConfig(
@@ -239,6 +266,8 @@ def train_config(
         model_dtype=spec.model.dtype,
         dataset=DatasetConfig(path=spec.dataset.uri, **spec.dataset.model_dump(exclude={"uri"})),
         lora=LoraConfig(**spec.lora.model_dump()),
+        method=spec.method,
+        preference=PreferenceConfig(**(spec.preference.model_dump(exclude_none=True) if spec.preference else {})),
         steps=t.steps,
         epochs=t.epochs,
         batch_size=t.batch_size,
@@ -279,12 +308,14 @@ def merge_config(spec: api.GemmaFineTuneSpec, train: TrainConfig, merged_dir: st
 def _estimate(
     spec: api.GemmaFineTuneSpec, shape: ModelShape | None, place: Placement, settings: OperatorSettings, price: float
 ) -> RunEstimate | None:
-    """Duration and cost at the assumed MFU; known only with a model preset, a TPU and steps."""
+    """Duration and cost at the assumed MFU; known only with a model preset, a TPU and steps. Every
+    sequence of a row counts (a preference pair's two), at its method's FLOPs per token."""
     if shape is None or place.slice is None or spec.training.steps is None:
         return None
-    tokens = spec.training.steps * spec.training.batch_size * spec.dataset.max_seq_len
+    cost = METHOD_COST[spec.method]
+    tokens = spec.training.steps * spec.training.batch_size * cost.sequences_per_row * spec.dataset.max_seq_len
     peak = place.chips * tpu.GENERATIONS[place.accelerator].peak_bf16_tflops * 1e12
-    hours = tokens * shape.flops_per_token() / (peak * settings.assumed_mfu) / 3600
+    hours = tokens * cost.flops_per_token(shape) / (peak * settings.assumed_mfu) / 3600
     chip_hours = hours * place.chips
     return RunEstimate(spec.training.steps, tokens, hours, chip_hours, chip_hours * price)
 
@@ -303,10 +334,13 @@ def _merge_memory_gib(shape: ModelShape | None, spec: api.GemmaFineTuneSpec, wor
 
 
 def _run_ids(spec: api.GemmaFineTuneSpec) -> tuple[str, str]:
-    """(run, merge id): hashes of the inputs of training and of the merge's settings."""
+    """(run, merge id): hashes of the inputs of training and of the merge's settings. The method
+    joins them only when it is not sft, so the runs of sft fine-tunes keep their ids."""
+    method = {} if spec.method == "sft" else spec.model_dump(mode="json", include={"method", "preference"})
     run = digest(
         {
             **spec.model_dump(mode="json", include={"model", "dataset", "lora", "training"}),
+            **method,
             **evaluation.run_inputs(spec),
         }
     )
@@ -325,11 +359,7 @@ def plan_finetune(
     spec = spec if isinstance(spec, api.GemmaFineTuneSpec) else parse(api.GemmaFineTuneSpec, spec)
     preset = spec.model.preset or infer_preset(spec.model.hf_repo)
     shape = PRESETS.get(preset) if preset else None
-    try:
-        place = placement(spec.tpu)
-        mesh, problems = _mesh(spec, place, shape, preset)
-    except SpecError as e:  # report it with whatever else is wrong
-        place, mesh, problems = Placement("cpu", None, {}, []), MeshConfig(fsdp=1, tp=1), e.problems
+    place, mesh, problems = _slice_and_mesh(spec, shape, preset)
     micro, batch_problems = _micro_batch(spec, mesh)
     memory, hbm_problems = _hbm(spec, place, shape, preset, mesh, micro, settings)
     host_plan, host_problems = _host(spec, place, shape, preset, settings)

@@ -194,6 +194,19 @@ BREAKS_A_CEL_RULE = {
     "k_proj and v_proj share one fused projection on sliding layers": finetune("b").lora(targetModules=["k_proj"]),
     "set exactly one of uri or pvc": serve("s").set("compilationCache", {}),
     "evaluation has no rows": finetune("b").set("evaluation", {}),
+    "packing: preference pairs are not packed": finetune("b")
+    .set("method", "dpo")
+    .set("dataset", {"uri": "gs://data/p.jsonl", "format": "preference", "packing": True}),
+    "methods dpo and orpo train on dataset.format preference": finetune("b").set("method", "orpo"),
+    "preference is only used with method dpo or orpo": finetune("b").set("preference", {}),
+    "preference.beta is only used with method dpo": finetune("b")
+    .set("method", "orpo")
+    .set("dataset.format", "preference")
+    .set("preference", {"beta": 0.1}),
+    "preference.orpoLambda is only used with method orpo": finetune("b")
+    .set("method", "dpo")
+    .set("dataset.format", "preference")
+    .set("preference", {"orpoLambda": 0.1}),
     "set min, max or baseline": serve("s").fine_tune("f").set("rollout", {"gate": [{"metric": "evalLoss"}]}),
     "min is above max": serve("s")
     .fine_tune("f")

@@ -143,6 +143,21 @@ async def test_invalid_spec_schedules_nothing_and_a_fix_recovers(operator, clust
     await cluster.job(NS, train_name)
 
 
+async def test_a_preference_method_on_chat_data_is_refused_and_on_pairs_reaches_the_pod(operator, cluster):
+    b = finetune("dpo").tpu("v5p", "2x2x1").set("method", "dpo").set("preference", {"beta": 0.3})
+    await cluster.apply(b.obj())
+    ft = await cluster.phase("GemmaFineTune", NS, "dpo", "Failed")
+    cond = next(c for c in ft["status"]["conditions"] if c["type"] == "InvalidSpec")
+    assert cond["status"] == "True" and "method dpo trains on dataset.format preference" in cond["message"]
+    assert await cluster.kube.list("Job", NS) == []
+
+    await cluster.kube.patch("GemmaFineTune", NS, "dpo", {"spec": {"dataset": {"format": "preference"}}})
+    _, train_name, _ = names(b.set("dataset.format", "preference"))
+    await cluster.job(NS, train_name)
+    train = json.loads((await cluster.get("ConfigMap", NS, train_name))["data"]["train.json"])
+    assert (train["method"], train["preference"]["beta"], train["dataset"]["format"]) == ("dpo", 0.3, "preference")
+
+
 async def test_operator_restart_mid_training_creates_no_second_job(apiserver, cluster):
     from gemma_operator import runner
 
