@@ -16,7 +16,7 @@ import pytest
 
 from gemma_devcluster.apiserver import write_kubeconfig
 from gemma_devcluster.processes import free_port
-from gemma_operator import leader, runner
+from gemma_operator import leader, retries, runner
 from gemma_operator.children import training
 from gemma_operator.kube import UNREACHABLE, USER_AGENT, ApiError, Kube
 from gemma_operator.plan import plan_finetune
@@ -24,6 +24,7 @@ from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import Progress
 from tests.operator.integration.test_leader_election import with_ports
 from tests.support.builders import finetune
+from tests.support.cluster import PATIENCE
 from tests.support.outage import relay
 from tests.support.process import chart_command, http_status, running, until
 
@@ -84,11 +85,18 @@ async def test_after_a_short_outage_the_poller_and_the_watches_resume(apiserver,
                 await asyncio.sleep(3)  # the outage: several polls and watch retries fail meanwhile
                 apiserver.pod_logs[(NS, pod["metadata"]["name"])] = progress(20)  # training went on
                 await api.restore()
-                # kopf retries every 2 s (runner.configure): a new CR is seen within seconds.
+                # A new CR is acted on again: kopf retries its watches every 2 s (runner.configure), and
+                # the poller revisits a CR whose generation it has not observed.
                 await cluster.apply(finetune("after").tpu("v5p").obj())
-                await cluster.job(NS, train_name("after"), timeout=10)
+                await cluster.job(NS, train_name("after"))
                 await cluster.wait_for(lambda: _step(cluster, "before", 20), message="progress read again")
-                await cluster.wait_for(lambda: _said(caplog, "the poller reaches the API again"), timeout=30)
+                # The poller's pause doubles with each failed attempt up to POLL_BACKOFF_CAP: on a busy
+                # machine the outage spans more attempts, so its next one can come that much later.
+                await cluster.wait_for(
+                    lambda: _said(caplog, "the poller reaches the API again"),
+                    timeout=retries.POLL_BACKOFF_CAP + PATIENCE,
+                    message="the poller's next attempt after its back-off",
+                )
                 apiserver.pod_logs[(NS, pod["metadata"]["name"])] = progress(30)  # no event: only a poll sees it
                 await cluster.wait_for(lambda: _step(cluster, "before", 30), message="the poller reads progress")
             assert _count(caplog, "the poller cannot reach the API") == 1, "an outage is logged once"
