@@ -40,8 +40,10 @@ $(VLLM_STAMP):
 demo: venv vllm-venv
 	$(VENV)/bin/gemma-tpu dev --vllm-python $(VLLM_VENV)/bin/python $(DEMO_ARGS)
 
+# Two workers: compiling XLA programs, most of a test's time here, takes one core.
+TEST_WORKERS ?= 2
 test: venv vllm-venv
-	GEMMA_VLLM_PYTHON=$(abspath $(VLLM_VENV)/bin/python) $(VENV)/bin/python -m pytest -q
+	GEMMA_VLLM_PYTHON=$(abspath $(VLLM_VENV)/bin/python) $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: venv
 	$(VENV)/bin/python -m pytest -q -m "not slow"
