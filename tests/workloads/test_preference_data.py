@@ -134,3 +134,29 @@ def test_the_format_is_documented_as_read():
 
     description = json.dumps(Config.model_json_schema()["properties"]["format"])
     assert "preference" in description and "chosen" in description and "rejected" in description
+
+
+def test_an_eval_pair_is_answered_only_where_an_expected_answer_is_given(tmp_path, codec):
+    """Preference eval rows are scored by their margin; the generation metrics need `expected` or
+    `expected_regex`, and only such rows are answered (their prompt is the pair's)."""
+    from gemma_workloads.config import EvaluationConfig
+    from gemma_workloads.training.evaluation.rows import read_rows
+
+    rows = [
+        {"prompt": "Capital of Peru?", "chosen": "Lima.", "rejected": "Rome."},
+        {"prompt": "Capital of Peru?", "chosen": "Lima.", "rejected": "Rome.", "expected": "Lima."},
+        {"prompt": "Capital of Peru?", "chosen": "Lima.", "rejected": "Rome.", "expected_regex": "Li"},
+    ]
+    path = write_lines(tmp_path / "eval.jsonl", rows)
+    plain, expected, pattern = read_rows(dataset(path), codec, EvaluationConfig(max_new_tokens=8))
+    pair = pairs.pairs_of(read_examples(dataset(path), codec).items)[0]
+    for row in (plain, expected, pattern):
+        assert row.examples[0].tokens.tolist() == pair.chosen.tokens.tolist()  # the loss is the chosen answer's
+        assert row.rejected is not None and row.rejected.tokens.tolist() == pair.rejected.tokens.tolist()
+    assert plain.prompt is None and plain.expected is None
+    assert (
+        expected.expected == "Lima." and expected.prompt.tolist() == pair.chosen.tokens[~pair.chosen.loss_mask].tolist()
+    )
+    assert pattern.expected is None and pattern.expected_regex == "Li" and pattern.prompt is not None
+    with pytest.raises(DataError, match=r"eval\.jsonl:1: field 'expected' must be a string"):
+        read_rows(dataset(write_lines(tmp_path / "eval.jsonl", [rows[0] | {"expected": 3}])), codec, EvaluationConfig())
