@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from tests.support.builders import serve
-from tests.support.phases import COMPLETE, DEPLOYMENT_READY, T0, with_status
+from tests.support.phases import COMPLETE, DEPLOYMENT_READY, serve_view, with_status
 
 from gemma_devcluster import local_vllm, services, tiny
 from gemma_devcluster.kubelet import HOST_PORT_ANNOTATION, LocalPod, Node
@@ -175,15 +175,11 @@ def _benchmark_plan(checkpoint):
 def _decide(plan, status, job=None, pods=()):
     deployment = serving_objects(plan, OperatorSettings())[0]
     deployment["metadata"]["generation"] = 1
-    view = serve_lifecycle.ServeView(
+    view = serve_view(
+        plan,
+        status,
         name="tiny",
         namespace=BENCH_NS,
-        generation=1,
-        status=status,
-        problems=[],
-        owner=None,
-        now=T0,
-        plan=plan,
         workload=with_status(deployment, DEPLOYMENT_READY),
         benchmark=BenchmarkView(job, list(pods)),
     )

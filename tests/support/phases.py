@@ -104,23 +104,26 @@ def finetune_statuses() -> dict[str, dict]:
     return out
 
 
-def _serve(spec: dict, status: dict, fine_tune: dict | None = None, problems: list[str] = (), **children) -> dict:
-    ref = ((spec.get("model") or {}).get("fineTuneRef") or {}).get("name")
-    uri = serve_lifecycle.resolve_model(ref, fine_tune, status, spec) if ref else None
-    plan = None if problems else plan_serve("chat", NS, spec, SETTINGS, model_uri=uri, fine_tune_preset="gemma4-31b")
-    view = serve_lifecycle.ServeView(
-        name="chat",
-        namespace=NS,
+def serve_view(plan, status: dict, *, name: str = "chat", namespace: str = NS, now=T0, problems=(), **children):
+    """What the serve lifecycle decides on: generation 1, no owner, `children` as observed."""
+    return serve_lifecycle.ServeView(
+        name=name,
+        namespace=namespace,
         generation=1,
         status=status,
         problems=list(problems),
         owner=None,
-        now=T0,
+        now=now,
         plan=plan,
-        fine_tune_name=ref,
-        fine_tune=fine_tune,
         **children,
     )
+
+
+def _serve(spec: dict, status: dict, fine_tune: dict | None = None, problems: list[str] = (), **children) -> dict:
+    ref = ((spec.get("model") or {}).get("fineTuneRef") or {}).get("name")
+    uri = serve_lifecycle.resolve_model(ref, fine_tune, status, spec) if ref else None
+    plan = None if problems else plan_serve("chat", NS, spec, SETTINGS, model_uri=uri, fine_tune_preset="gemma4-31b")
+    view = serve_view(plan, status, problems=problems, fine_tune_name=ref, fine_tune=fine_tune, **children)
     return serve_lifecycle.decide(view, SETTINGS).status
 
 

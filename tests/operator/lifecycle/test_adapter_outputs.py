@@ -11,7 +11,7 @@ from gemma_operator.lifecycle import finetune as finetune_lifecycle
 from gemma_operator.lifecycle import serve as serve_lifecycle
 from gemma_operator.plan import plan_finetune, plan_serve
 from tests.support.builders import finetune, serve
-from tests.support.phases import COMPLETE, NS, SETTINGS, T0, finetune_statuses, pod, with_status
+from tests.support.phases import COMPLETE, NS, SETTINGS, T0, finetune_statuses, pod, serve_view, with_status
 
 
 def _plan(output: str | None = None):
@@ -93,18 +93,8 @@ def test_serving_an_adapter_only_fine_tune_is_refused_with_the_reason():
     }
     uri = serve_lifecycle.resolve_model("ft", fine_tune, {}, spec)
     assert uri is None
-    view = serve_lifecycle.ServeView(
-        name="chat",
-        namespace=NS,
-        generation=1,
-        status={},
-        owner=None,
-        now=T0,
-        plan=plan_serve("chat", NS, spec, SETTINGS, model_uri=uri, fine_tune_preset="gemma4-31b"),
-        problems=[],
-        fine_tune_name="ft",
-        fine_tune=fine_tune,
-    )
+    plan = plan_serve("chat", NS, spec, SETTINGS, model_uri=uri, fine_tune_preset="gemma4-31b")
+    view = serve_view(plan, {}, fine_tune_name="ft", fine_tune=fine_tune)
     d = serve_lifecycle.decide(view, SETTINGS)
     ready = next(c for c in d.status["conditions"] if c["type"] == "ModelReady")
     assert d.status["phase"] == "WaitingForModel" and not d.create

@@ -24,6 +24,7 @@ from tests.support.phases import (
     finetune_statuses,
     pod,
     serve_statuses,
+    serve_view,
     with_status,
 )
 
@@ -387,14 +388,9 @@ def test_serve_decides_every_phase_and_observation(phase, observed):
     fine_tune, workload = (DONE_FT, None) if invalid else SV_OBSERVED[observed]
     uri = serve_lifecycle.resolve_model("ft", fine_tune, prior, SV_SPEC)
     plan = None if invalid else plan_serve("chat", NS, SV_SPEC, SETTINGS, model_uri=uri, fine_tune_preset="gemma4-31b")
-    view = serve_lifecycle.ServeView(
-        name="chat",
-        namespace=NS,
-        generation=1,
-        status=prior,
-        owner=None,
-        now=T0,
-        plan=plan,
+    view = serve_view(
+        plan,
+        prior,
         problems=["spec.replicas: must be at least 0"] if invalid else [],
         fine_tune_name="ft",
         fine_tune=fine_tune,

@@ -20,7 +20,7 @@ from gemma_operator.lifecycle import serve as serve_lifecycle
 from gemma_operator.lifecycle.serve_benchmark import BenchmarkView
 from gemma_operator.plan import plan_serve
 from tests.support.builders import serve
-from tests.support.phases import COMPLETE, DEPLOYMENT_READY, NS, SETTINGS, T0, pod, with_status
+from tests.support.phases import COMPLETE, DEPLOYMENT_READY, NS, SETTINGS, T0, pod, serve_view, with_status
 
 RUN_OLD, RUN_NEW = "aaaaaa01", "bbbbbb02"
 FINE_TUNE = {
@@ -70,15 +70,10 @@ class Cluster:
         deployment = serving_objects(plan, SETTINGS)[0]
         deployment["metadata"]["generation"] = 1
         rolling = {**DEPLOYMENT_READY, "readyReplicas": 0}
-        view = serve_lifecycle.ServeView(
-            name="chat",
-            namespace=NS,
-            generation=1,
-            status=self.status,
-            problems=[],
-            owner=None,
+        view = serve_view(
+            plan,
+            self.status,
             now=now,
-            plan=plan,
             fine_tune_name="ft",
             fine_tune=self.fine_tune,
             workload=with_status(deployment, DEPLOYMENT_READY if ready else rolling),
