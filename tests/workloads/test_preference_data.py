@@ -1,7 +1,5 @@
 """Preference pairs: read, checked, rendered as the server renders a chat, laid out and batched in pairs."""
 
-import json
-
 import numpy as np
 import pytest
 
@@ -127,13 +125,6 @@ def test_held_out_batches_weigh_each_pair_once(codec):
 
 def _examples(codec: TextCodec, i: int):
     return [codec.answer([{"role": "user", "content": f"q{i}"}], text, "field") for text in (f"yes {i}", f"no {i}")]
-
-
-def test_the_format_is_documented_as_read():
-    from gemma_workloads.config import DatasetConfig as Config
-
-    description = json.dumps(Config.model_json_schema()["properties"]["format"])
-    assert "preference" in description and "chosen" in description and "rejected" in description
 
 
 def test_an_eval_pair_is_answered_only_where_an_expected_answer_is_given(tmp_path, codec):
