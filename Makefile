@@ -10,7 +10,7 @@ PIP_FILTER = 2>&1 | (grep -v "is ignored: it is neither a file nor a directory" 
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 
-.PHONY: demo test test-fast test-sweep lint venv vllm-venv crds manifests images push clean
+.PHONY: demo test test-fast test-control-plane test-sweep lint venv vllm-venv crds manifests images push clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -46,7 +46,12 @@ test: venv vllm-venv
 	GEMMA_VLLM_PYTHON=$(abspath $(VLLM_VENV)/bin/python) $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: venv
-	$(VENV)/bin/python -m pytest -q -m "not slow"
+	$(VENV)/bin/python -m pytest -q -m "not slow and not control_plane"
+
+# The tier against a real kube-apiserver and kube-controller-manager (tests/control_plane and every test
+# using the control_plane fixture): the binaries from GEMMA_K8S_DIR, else ../shared/k8s.
+test-control-plane: venv
+	$(VENV)/bin/python -m pytest -q -m control_plane
 
 test-sweep: venv
 	$(VENV)/bin/python -m pytest -q -m sweep

@@ -78,8 +78,14 @@ def _bounds(node: dict) -> str:
             node[exclusive] = node.pop(bound)
         elif node.get(exclusive) is False:
             del node[exclusive]
+    rules = node.get("x-kubernetes-validations", [])
+    for rule in rules:  # an exact bound the CRD states as a CEL rule (crd.BOUND_RULE) replaces the inclusive one
+        if match := crd.BOUND_RULE.match(rule["rule"]):
+            node.pop("minimum" if match[1].startswith(">") else "maximum", None)
     found = [text.format(_cell(node[key])) for key, text in BOUNDS if key in node]
-    found += [_cell(rule["message"]) for rule in node.get("x-kubernetes-validations", [])]
+    found += [
+        f"{m[1]} {m[2]}" if (m := crd.BOUND_RULE.match(rule["rule"])) else _cell(rule["message"]) for rule in rules
+    ]
     return "; ".join(found)
 
 

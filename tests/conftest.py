@@ -1,10 +1,19 @@
-"""Fixtures shared by every test package."""
+"""Fixtures shared by every test package: the in-process API (fast) and a real control plane."""
+
+import os
+import uuid
+from pathlib import Path
 
 import kmock
+import pytest
 import pytest_asyncio
 
+from gemma_devcluster import control_plane as real
 from gemma_devcluster.apiserver import ApiServer
 from tests.support.cluster import Cluster
+
+CRDS = Path(__file__).resolve().parents[1] / "manifests" / "crds"
+MARK = "control_plane"  # every test that talks to the real API server carries it (pytest_collection_modifyitems)
 
 
 @pytest_asyncio.fixture
@@ -19,3 +28,53 @@ async def apiserver():
 async def cluster(apiserver):
     """The test's client of that API, playing the cluster's own controllers."""
     return Cluster(apiserver)
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false")
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory):
+    """A real kube-apiserver and kube-controller-manager (Kubernetes 1.36), started once per test process,
+    with both CRDs installed by server-side apply. Without the binaries the test is skipped, saying how
+    to get them; in CI (CI=true) that is a failure."""
+    try:
+        real.scripts_dir()
+    except real.ControlPlaneMissing as e:
+        if in_ci():
+            pytest.fail(f"CI needs the real control plane: {e}")
+        pytest.skip(str(e))
+    with real.running(tmp_path_factory.mktemp("control-plane")) as plane:
+        plane.kubectl("apply", "--server-side", "-f", str(CRDS))
+        plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
+        yield plane
+
+
+@pytest.fixture
+def namespace(control_plane):
+    """A fresh namespace of the real API server, deleted (without waiting) after the test."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    control_plane.create_namespace(name)
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "control_plane" in getattr(item, "fixturenames", ()):
+            item.add_marker(MARK)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The real-API-server tier's own count, so that a run shows it was not skipped."""
+    counts: dict[str, int] = {}
+    for outcome in ("passed", "failed", "skipped", "error"):
+        for report in terminalreporter.stats.get(outcome, []):
+            if MARK in getattr(report, "keywords", {}) and report.when in ("call", "setup"):
+                if outcome == "passed" and report.when != "call":
+                    continue
+                counts[outcome] = counts.get(outcome, 0) + 1
+    if counts:
+        line = ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
+        terminalreporter.write_line(f"real control plane (kube-apiserver 1.36): {line}")

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from pydantic import TypeAdapter
 
-from gemma_operator import api, crd, crd_validation, plan_text
+from gemma_operator import api, crd, crd_validation, object_meta, plan_text
 from gemma_operator.children import merge_objects, serving_objects, training_objects
 from gemma_operator.plan import ServePlan, SpecError, plan_finetune, plan_serve
 from gemma_operator.plan.served_model import served_model
@@ -148,9 +148,10 @@ def plan_documents(docs: list[Any], settings) -> tuple[list[tuple[str, Any]], li
         except SpecError as e:
             problems += e.problems
             continue
-        if refused := crd_validation.spec_problems(kind, doc.get("spec")):
+        if refused := object_meta.problems(doc) + crd_validation.spec_problems(kind, doc.get("spec")):
             problems += [f"{kind}/{name}: {m}" for m in refused]
             continue
+        doc = {**doc, "spec": crd_validation.without_nulls(doc["spec"])}
         labels = (doc.get("metadata") or {}).get("labels") or {}
         if kind == api.FINETUNE.kind:
             try:

