@@ -122,7 +122,7 @@ def table(rows_: list[list[str]]) -> str:
 
 def api_reference() -> str:
     parts = [
-        GENERATED.format(source="the CRDs (operator/gemma_operator/api.py through crd.py)"),
+        GENERATED.format(source="the CRDs (operator/gemma_operator/api/ through crd.py)"),
         "# API reference\n\n",
         "Group `gemma-tpu.dev`, version `v1alpha1`, namespaced. Every field of both kinds as the API server\n"
         "validates it: `kubectl explain` shows the same descriptions. A bound or rule the API server\n"

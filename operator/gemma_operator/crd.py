@@ -1,4 +1,4 @@
-"""CustomResourceDefinitions generated from the pydantic models in `api.py`.
+"""CustomResourceDefinitions generated from the pydantic models of the `api` package.
 
 Pydantic writes JSON Schema (draft 2020-12 with $refs); the API server wants a structural
 OpenAPI v3.0 schema. The conversion inlines references, drops `null` branches and titles, turns

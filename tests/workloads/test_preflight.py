@@ -127,6 +127,15 @@ def into_folder(path: Path) -> None:
     path.mkdir()
 
 
+def run_folder(i: Inputs) -> None:
+    """The checkpoints inside a run's folder, as training writes them (<output_dir>/checkpoints), and
+    the run's folder given for them."""
+    run = i.checkpoint.with_name("run")
+    run.mkdir()
+    i.checkpoint.rename(run / "checkpoints")
+    i.config["checkpoint_dir"] = str(run)
+
+
 def config_text(text: str) -> Callable[[Inputs], None]:
     return lambda i: setattr(i, "text", text)
 
@@ -198,6 +207,42 @@ CASES: dict[str, tuple[str, Break, str]] = {
         "merge",
         lambda i: shutil.rmtree(str(i.checkpoint) + DATA_PATH),
         rf"{re.escape(DATA_PATH)}: array data missing or empty: copy the whole step folder again",
+    ),
+    "a checkpoint step folder without its parameters": (
+        "merge",
+        lambda i: shutil.rmtree(i.checkpoint / "1" / "model_params"),
+        r"checkpoints: no complete checkpoint step: step 1 lacks its LoRA parameters, the folder "
+        r"\S+/checkpoints/1/model_params: copy the whole step folder again",
+    ),
+    "the step asked for without its parameters": (
+        "merge",
+        lambda i: (shutil.rmtree(i.checkpoint / "1" / "model_params"), i.config.update(step=1)),
+        r"checkpoints: step 1 is not a complete checkpoint: it lacks its LoRA parameters, the folder "
+        r"\S+/checkpoints/1/model_params; copy the whole step folder again, or merge a complete step \(complete: \[\]\)",
+    ),
+    "a step folder whose save was never committed": (
+        "merge",
+        lambda i: (i.checkpoint / "1" / "_CHECKPOINT_METADATA").unlink(),
+        r"no complete checkpoint step: step 1 lacks the record of a committed save, \S+/checkpoints/1/"
+        r"_CHECKPOINT_METADATA \(an aborted save, or a copy in part\)",
+    ),
+    "a checkpoint folder without a step folder": (
+        "merge",
+        lambda i: shutil.rmtree(i.checkpoint / "1"),
+        r"checkpoints: no checkpoint step: training saves each step in a folder named by its number, such as "
+        r"\S+/checkpoints/100, beside lora\.json",
+    ),
+    "the run's folder given for its checkpoints": (
+        "merge",
+        run_folder,
+        r"checkpoint_dir (\S+/run) looks like a run folder: it holds checkpoints/ and neither lora\.json nor a step "
+        r"folder; set checkpoint_dir to its checkpoints/ folder, \1/checkpoints$",
+    ),
+    "the run's folder given for its checkpoints, with the LoRA settings in the config": (
+        "merge",
+        lambda i: (run_folder(i), i.config.update(lora={"rank": 2, "alpha": 2.0})),
+        r"checkpoint_dir (\S+/run) looks like a run folder: .*set checkpoint_dir to its checkpoints/ folder, "
+        r"\1/checkpoints$",
     ),
     "a dataset path that is a folder": (
         "train",

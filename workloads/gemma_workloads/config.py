@@ -279,7 +279,7 @@ class TrainConfig(_Config):
 
     @property
     def checkpoint_dir(self) -> str:
-        return join(self.output_dir, "checkpoints")
+        return join(self.output_dir, CHECKPOINT_FOLDER)
 
     @property
     def remat(self) -> str:
@@ -292,6 +292,7 @@ class TrainConfig(_Config):
 
 
 LORA_METADATA = "lora.json"
+CHECKPOINT_FOLDER = "checkpoints"  # a run's checkpoint_dir, inside its output_dir
 
 
 class LoraMetadata(BaseModel):

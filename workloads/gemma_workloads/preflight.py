@@ -113,7 +113,8 @@ def check_merge_output(config: MergeConfig) -> None:
 
 
 def check_checkpoint(config: MergeConfig) -> None:
-    """The LoRA settings (lora.json unless the config gives them) and the step's array data."""
+    """Not a run's folder, the LoRA settings (lora.json unless the config gives them), and the step
+    to merge: complete, with its array data."""
     root = epath.Path(config.checkpoint_dir)
     if not root.exists():
         raise InputError(
@@ -122,11 +123,12 @@ def check_checkpoint(config: MergeConfig) -> None:
         )
     if not root.is_dir():
         raise InputError(f"checkpoint_dir {root} is a file: it must be the folder of lora.json and the step folders")
+    lora_checkpoint.refuse_run_folder(config.checkpoint_dir)
     lora_checkpoint.resolve_lora(config.checkpoint_dir, config.lora)
-    if config.step is not None:
-        step = root / str(config.step)
-    else:  # the latest committed step, as the merge will pick it; none at all is reported there
-        steps = sorted((int(p.name), p) for p in root.iterdir() if p.name.isdigit() and lora_checkpoint.committed(p))
-        step = steps[-1][1] if steps else None
-    if step is not None and lora_checkpoint.committed(step):
-        lora_checkpoint.check_array_data(step)
+    complete = {
+        n: p for n, p in lora_checkpoint.step_folders(config.checkpoint_dir).items() if lora_checkpoint.committed(p)
+    }
+    step = max(complete, default=None) if config.step is None else config.step  # as the merge picks it
+    if step is None or step not in complete:
+        raise lora_checkpoint.no_step(config.checkpoint_dir, config.step, list(complete))
+    lora_checkpoint.check_array_data(complete[step])

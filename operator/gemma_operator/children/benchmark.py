@@ -16,7 +16,13 @@ from typing import Any
 
 from gemma_operator import api, benchmark_results
 from gemma_operator.children import common, serving
-from gemma_operator.children.model_delivery import FUSE_CACHE_VOLUME, delivery, fuse_annotations, fuse_volume
+from gemma_operator.children.model_delivery import (
+    FUSE_CACHE_VOLUME,
+    Delivery,
+    delivery,
+    fuse_annotations,
+    fuse_volume,
+)
 from gemma_operator.mounts import CACHE_DIR, TMP_DIR
 from gemma_operator.plan import ServePlan, digest
 from gemma_operator.settings import OperatorSettings
@@ -120,25 +126,28 @@ def bench_args(plan: ServePlan, base_url: str, tokenizer: str) -> list[str]:
     return args + (["--goodput", *goodput] if goodput else [])
 
 
-def job(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict[str, Any]:
-    b = plan.spec.benchmark
-    assert b is not None
-    model = delivery(plan)
-    args = bench_args(plan, serving.endpoint(plan).removesuffix("/v1"), model.model_arg)
+def _env(plan: ServePlan) -> list[dict]:
+    """The caches in the pod's writable volume, and the Secrets the benchmark sends: the server's
+    API key, and the Hub token for a gated repo's tokenizer."""
     env = common.env_list({"HOME": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/huggingface"})
     keys = plan.spec.vllm.api_key_secret_ref
     if keys:
         env.append(common.secret_env("OPENAI_API_KEY", keys))  # vllm bench sends it as a Bearer token
     if plan.spec.model.hf_token_secret_ref:
         env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
+    return env
+
+
+def _container(plan: ServePlan, settings: OperatorSettings, model: Delivery, prompt_mounts: list[dict]) -> dict:
+    """`vllm bench serve` against the service, with the served model's tokenizer mounted as the server
+    has it; the cache and tmp volumes are all it writes."""
     memory = settings.benchmark_memory
-    _, prompt_volumes, prompt_mounts = _prompts(b)
-    container: dict[str, Any] = {
+    return {
         "name": CONTAINER,
         "image": plan.image,
         "command": ["python3", "-c", _program()],
-        "args": args,
-        "env": env,
+        "args": bench_args(plan, serving.endpoint(plan).removesuffix("/v1"), model.model_arg),
+        "env": _env(plan),
         "resources": {"requests": {"cpu": settings.benchmark_cpu, "memory": memory}, "limits": {"memory": memory}},
         "volumeMounts": [
             *[m for m in model.mounts if m["name"] == "model"],
@@ -150,10 +159,17 @@ def job(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {**common.RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True},
     }
+
+
+def job(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict[str, Any]:
+    b = plan.spec.benchmark
+    assert b is not None
+    model = delivery(plan)
+    _, prompt_volumes, prompt_mounts = _prompts(b)
     model_volumes = [v for v in model.volumes if v["name"] in ("model", FUSE_CACHE_VOLUME)] + prompt_volumes
     pod_spec = {
         "restartPolicy": "Never",
-        "containers": [container],
+        "containers": [_container(plan, settings, model, prompt_mounts)],
         "volumes": [
             *model_volumes,
             {"name": "cache", "emptyDir": {}},

@@ -362,9 +362,39 @@ def test_step_selection(tiny_sharded, lora_run, tmp_path):
         step=4,
         output_dir=str(tmp_path / "out"),
     )
-    assert code == EXIT_INVALID_INPUT and result["error"].endswith(
-        "step 4 is not a complete checkpoint (complete: [1, 2])"
+    assert code == EXIT_INVALID_INPUT and result["error"] == (
+        f"{ckpt}: step 4 is not a complete checkpoint: it lacks the record of a committed save, "
+        f"{ckpt}/4/_CHECKPOINT_METADATA (an aborted save, or a copy in part); copy the whole step folder again, "
+        "or merge a complete step (complete: [1, 2])"
     )
+
+
+def test_a_merge_in_process_names_the_steps_missing_parameters_and_a_run_folder(tiny_sharded, lora_run, tmp_path):
+    """merge() called in process checks its checkpoint itself (only the program runs the pre-flight
+    check): each step folder named with what it lacks and where, and a run's folder given for its
+    checkpoints named as such, with the folder to give."""
+    from gemma_workloads.merging.checkpoint_reader import LoraCheckpointError
+
+    run = tmp_path / "run"
+    ckpt = Path(shutil.copytree(lora_run[0], run / "checkpoints"))
+    for step in ("1", "2"):
+        shutil.rmtree(ckpt / step / "model_params")
+
+    def error(checkpoint_dir: Path) -> str:
+        paths = {"base_model_path": str(tiny_sharded.path), "output_dir": str(tmp_path / "out")}
+        with pytest.raises(LoraCheckpointError) as e:
+            merge.merge(MergeConfig(checkpoint_dir=str(checkpoint_dir), **paths))
+        return str(e.value)
+
+    assert error(ckpt) == (
+        f"{ckpt}: no complete checkpoint step: step 1 lacks its LoRA parameters, the folder {ckpt}/1/model_params; "
+        f"step 2 lacks its LoRA parameters, the folder {ckpt}/2/model_params: copy the whole step folder again"
+    )
+    assert error(run) == (
+        f"checkpoint_dir {run} looks like a run folder: it holds checkpoints/ and neither lora.json nor a step "
+        f"folder; set checkpoint_dir to its checkpoints/ folder, {ckpt}"
+    )
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
 
 
 # ---------------------------------------------------------------------------- crash and memory

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 from etils import epath
 
-from gemma_workloads.config import LORA_METADATA, LoraConfig, LoraMetadata
+from gemma_workloads.config import CHECKPOINT_FOLDER, LORA_METADATA, LoraConfig, LoraMetadata
 from gemma_workloads.input_files import InputError, read_json
 
 if TYPE_CHECKING:
@@ -73,12 +73,68 @@ def complete_steps(checkpoint_dir: str) -> dict[int, str]:
 
 def committed(folder: epath.Path) -> str | None:
     """The Orbax metadata of a step folder whose save was committed and holds `model_params`."""
+    metadata, lacks = _inspect(folder)
+    return None if lacks else metadata
+
+
+def _inspect(folder: epath.Path) -> tuple[str, str]:
+    """(the step's Orbax metadata, what the step lacks to be merged, naming the path expected): the
+    second is empty when the step is complete."""
+    record = folder / STEP_METADATA
     try:
-        metadata = (folder / STEP_METADATA).read_text()
+        metadata = record.read_text()
         done = "commit_timestamp_nsecs" in json.loads(metadata)
     except (OSError, ValueError):
-        return None
-    return metadata if done and (folder / ITEM).exists() else None
+        return "", f"the record of a committed save, {record} (an aborted save, or a copy in part)"
+    if not done:
+        return "", f"a committed save: {record} records no commit_timestamp_nsecs"
+    if not (folder / ITEM).exists():
+        return "", f"its LoRA parameters, the folder {folder / ITEM}"
+    return metadata, ""
+
+
+def step_folders(checkpoint_dir: str) -> dict[int, epath.Path]:
+    """The folders named by a step number, by step (Orbax's temporary folders have a suffix)."""
+    found = {int(p.name): p for p in epath.Path(checkpoint_dir).iterdir() if p.name.isdigit()}
+    return dict(sorted(found.items()))
+
+
+def no_step(checkpoint_dir: str, step: int | None, complete: list[int]) -> LoraCheckpointError:
+    """Why the step asked for (None: any step) cannot be merged: the step and what it lacks, with
+    the path expected; or, where there is no step folder at all, the folder expected."""
+    folders = step_folders(checkpoint_dir)
+    if step is not None:
+        folder = epath.Path(checkpoint_dir) / str(step)
+        lacks = _lacks(folder) if step in folders else f"its folder, {folder}"
+        return LoraCheckpointError(
+            f"{checkpoint_dir}: step {step} is not a complete checkpoint: it lacks {lacks}; {COPY_STEP}, "
+            f"or merge a complete step (complete: {complete})"
+        )
+    if not folders:
+        return LoraCheckpointError(
+            f"{checkpoint_dir}: no checkpoint step: training saves each step in a folder named by its number, "
+            f"such as {epath.Path(checkpoint_dir) / '100'}, beside {LORA_METADATA}"
+        )
+    each = "; ".join(f"step {n} lacks {_lacks(folder)}" for n, folder in folders.items())
+    return LoraCheckpointError(f"{checkpoint_dir}: no complete checkpoint step: {each}: {COPY_STEP}")
+
+
+def _lacks(folder: epath.Path) -> str:
+    """What a step lacks; a step complete by its own files that Orbax does not list has not been
+    marked finished (config.LoraMetadata says how Orbax marks it)."""
+    return _inspect(folder)[1] or f"Orbax's mark of a finished save (on gs://, {folder / 'commit_success.txt'})"
+
+
+def refuse_run_folder(checkpoint_dir: str) -> None:
+    """A run's folder given for its checkpoint folder is named as such, with the folder to give,
+    rather than reported as a missing lora.json or step."""
+    root = epath.Path(checkpoint_dir)
+    inner = root / CHECKPOINT_FOLDER
+    if inner.is_dir() and not (root / LORA_METADATA).exists() and not step_folders(checkpoint_dir):
+        raise LoraCheckpointError(
+            f"checkpoint_dir {checkpoint_dir} looks like a run folder: it holds {CHECKPOINT_FOLDER}/ and neither "
+            f"{LORA_METADATA} nor a step folder; set checkpoint_dir to its {CHECKPOINT_FOLDER}/ folder, {inner}"
+        )
 
 
 def check_array_data(folder: epath.Path) -> None:
@@ -127,17 +183,13 @@ def locate(checkpoint_dir: str, step: int | None, override: LoraConfig | None) -
     """The step to merge (None: the latest complete one) and its LoRA settings; reads no arrays."""
     if not epath.Path(checkpoint_dir).exists():
         raise LoraCheckpointError(f"checkpoint directory {checkpoint_dir} does not exist")
+    refuse_run_folder(checkpoint_dir)
     steps = complete_steps(checkpoint_dir)
-    if step is None:
-        if not steps:
-            raise LoraCheckpointError(f"{checkpoint_dir}: no complete checkpoint step")
-        step = max(steps)
-    elif step not in steps:
-        raise LoraCheckpointError(
-            f"{checkpoint_dir}: step {step} is not a complete checkpoint (complete: {list(steps)})"
-        )
-    folder = epath.Path(checkpoint_dir) / str(step)
-    return LoraCheckpoint(checkpoint_dir, str(folder), step, resolve_lora(checkpoint_dir, override), steps[step])
+    chosen = max(steps, default=None) if step is None else step
+    if chosen is None or chosen not in steps:
+        raise no_step(checkpoint_dir, step, list(steps))
+    folder = epath.Path(checkpoint_dir) / str(chosen)
+    return LoraCheckpoint(checkpoint_dir, str(folder), chosen, resolve_lora(checkpoint_dir, override), steps[chosen])
 
 
 def restore_params(ckpt: LoraCheckpoint) -> dict[str, Any]:
