@@ -146,6 +146,7 @@ class ApiServer(kmock.KubernetesScaffold):
     _rv: int = attrs.field(default=1, init=False)
     _lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
     _history: collections.deque = attrs.field(factory=lambda: collections.deque(maxlen=HISTORY), init=False)
+    _history_from: int = attrs.field(default=0, init=False)  # no watch resumes from an older resourceVersion
     _watchers: dict[kmock.resource, set[asyncio.Queue]] = attrs.field(
         factory=lambda: collections.defaultdict(set), init=False
     )
@@ -299,6 +300,12 @@ class ApiServer(kmock.KubernetesScaffold):
                 )
         return payload
 
+    def restart_watch_cache(self) -> None:
+        """Forget the watch history, as a restarted kube-apiserver's watch cache starts from the current
+        resourceVersion: a watch resuming from an older one gets 410 Gone and must list again."""
+        self._history.clear()
+        self._history_from = self._rv
+
     def _kind(self, res: kmock.resource | None) -> Kind:
         if res is None or res not in self._kinds:
             raise kmock.KubernetesResourceNotFoundError()
@@ -382,7 +389,8 @@ class ApiServer(kmock.KubernetesScaffold):
                 ]
             else:
                 oldest = self._history[0][0] if self._history else self._rv
-                if int(since) < oldest - 1 and len(self._history) == self._history.maxlen:
+                full = len(self._history) == self._history.maxlen
+                if int(since) < self._history_from or (int(since) < oldest - 1 and full):
                     initial = [copy.deepcopy(EXPIRED)]
                 else:
                     initial = [
@@ -446,19 +454,22 @@ class ApiServer(kmock.KubernetesScaffold):
             meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
         if "status" in kind.subresources:
             obj.pop("status", None)
-        obj = kind.admit(obj)
+        obj = kind.admit(obj, strict=_strict(request))
+        meta = obj["metadata"]
         async with self._lock:
             key = (kind.resource, meta.get("namespace"), meta["name"])
             if key in self.objects:
                 raise error(409, "AlreadyExists", f'{kind.resource.plural} "{meta["name"]}" already exists')
             if kind.kind == "Pod" and kind.resource.group == "":
                 self._admit_service_account(obj, meta.get("generateName"))
-            meta.update(
-                uid=str(uuid.uuid4()), creationTimestamp=timestamp(now()), generation=1, resourceVersion=self._next_rv()
-            )
+            dry_run = request.params.get("dryRun") == "All"  # admitted and answered, never stored
+            meta.update(uid=str(uuid.uuid4()), creationTimestamp=timestamp(now()), generation=1)
+            meta["resourceVersion"] = "" if dry_run else self._next_rv()
             obj["metadata"] = meta
             if kind.resource.group == "batch" and kind.kind == "Job":
                 default_job_selector(obj)
+            if dry_run:
+                return kmock.Response(status=201, payload=copy.deepcopy(obj))
             self.objects[key] = obj
             self._emit(kind.resource, "ADDED", obj)
             return kmock.Response(status=201, payload=copy.deepcopy(obj))
@@ -512,7 +523,7 @@ class ApiServer(kmock.KubernetesScaffold):
             )
             if wanted_rv and wanted_rv != old["metadata"]["resourceVersion"]:
                 raise error(409, "Conflict", f"the object has been modified (resourceVersion {wanted_rv} is stale)")
-            new = kind.admit(_through_endpoint(old, new, sub, "status" in kind.subresources))
+            new = kind.admit(_through_endpoint(old, new, sub, "status" in kind.subresources), strict=_strict(request))
             if new == old:
                 return copy.deepcopy(old)
             strip = lambda o: {k: v for k, v in o.items() if k not in ("metadata", "status")}  # noqa: E731
@@ -588,6 +599,11 @@ def _apply_patch(old: dict[str, Any], patch: Any, content_type: str) -> dict[str
         raise error(422, "Invalid", f"the patch test failed: {e}") from None
     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
         raise error(422, "Invalid", str(e)) from None
+
+
+def _strict(request: kmock.Request) -> bool:
+    """Whether the request asks unknown fields to be refused (fieldValidation=Strict, kubectl's default)."""
+    return request.params.get("fieldValidation") == "Strict"
 
 
 def _through_endpoint(old: dict[str, Any], new: dict[str, Any], sub: str | None, split: bool) -> dict[str, Any]:

@@ -35,6 +35,7 @@ HOW_TO_GET = (
     "into this Python (the `test` extra does), or use `gemma-tpu dev --kubeconfig FILE` with a cluster of your own"
 )
 # Every request at Metadata level: who (user, User-Agent), what (verb, resource, name) and the answer.
+GC_READY = "Proceeding to collect garbage"  # kube-controller-manager's log, once its collector has synced
 AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "rules": [{"level": "Metadata"}]}
 
 
@@ -113,19 +114,39 @@ class ControlPlane:
         """Kill kube-apiserver alone, as a crash would (etcd and the controllers go on), and return its
         command line, so that `start_apiserver` brings the same server back on the same port. (SIGTERM
         would drain open watches for up to its request timeout, a minute, before the port is free.)"""
-        pid = self.pid("apiserver")
+        return self._kill("apiserver")
+
+    def start_apiserver(self, command: list[str], timeout: float = 90) -> None:
+        """Start kube-apiserver again with `command` (from `kill_apiserver`) and wait until it is ready."""
+        self._start("apiserver", command)
+        self.wait_ready(timeout)
+
+    def restart_controller_manager(self, timeout: float = 60) -> None:
+        """Restart kube-controller-manager and wait for its garbage collector. Run after installing CRDs:
+        the collector learns of resource types when it starts, then only every 30 s (the period
+        kube-controller-manager gives GarbageCollector.Sync), and until then the dependents of a deleted
+        custom resource stay."""
+        log = self.state / "controller-manager.log"
+        synced = log.read_text().count(GC_READY)
+        self._start("controller-manager", self._kill("controller-manager"))
+        deadline = time.monotonic() + timeout
+        while log.read_text().count(GC_READY) <= synced:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no garbage collector {timeout} s after a restart: see {log}")
+            time.sleep(0.1)
+
+    def _kill(self, server: str) -> list[str]:
+        pid = self.pid(server)
         command = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
         os.kill(pid, signal.SIGKILL)
         _wait_gone(pid, 30)
         return [c.decode() for c in command]
 
-    def start_apiserver(self, command: list[str], timeout: float = 90) -> None:
-        """Start kube-apiserver again with `command` (from `kill_apiserver`) and wait until it is ready."""
-        with (self.state / "apiserver.log").open("a") as log:
+    def _start(self, server: str, command: list[str]) -> None:
+        with (self.state / f"{server}.log").open("a") as log:
             proc = subprocess.Popen(command, cwd=self.state, stdout=log, stderr=log, start_new_session=True)
         _CHILDREN[proc.pid] = proc
-        (self.state / "apiserver.pid").write_text(f"{proc.pid}\n")
-        self.wait_ready(timeout)
+        (self.state / f"{server}.pid").write_text(f"{proc.pid}\n")
 
     def wait_ready(self, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout

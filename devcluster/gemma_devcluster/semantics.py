@@ -9,11 +9,11 @@ import re
 from typing import Any
 
 import attrs
-import jsonschema
 import kmock
 
 from gemma_devcluster import pod_validation
-from gemma_operator import api
+from gemma_operator import api, crd_validation, object_meta
+from gemma_operator.plan.common import SpecError, parse
 
 
 class ApiError(kmock.KubernetesError):
@@ -110,28 +110,12 @@ def _apply_defaults(schema: dict, value: Any) -> Any:
 def _prune(schema: dict, value: Any) -> Any:
     """Drop fields the schema does not know, as a structural schema makes the API server do."""
     if isinstance(value, dict) and "properties" in schema:
-        if schema.get("x-kubernetes-preserve-unknown-fields"):
-            return value
-        return {k: _prune(schema["properties"][k], v) for k, v in value.items() if k in schema["properties"]}
+        props, keep = schema["properties"], schema.get("x-kubernetes-preserve-unknown-fields")
+        # preserve-unknown keeps this level's unknown fields; the fields it declares are still pruned within
+        return {k: _prune(props[k], v) if k in props else v for k, v in value.items() if k in props or keep}
     if isinstance(value, list) and "items" in schema:
         return [_prune(schema["items"], v) for v in value]
     return value
-
-
-def _as_jsonschema(schema: dict) -> dict:
-    out = copy.deepcopy(schema)
-
-    def walk(node: dict) -> None:
-        for key, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
-            if node.get(key) is True:
-                node[key] = node.pop(bound)
-        for child in node.get("properties", {}).values():
-            walk(child)
-        if isinstance(node.get("items"), dict):
-            walk(node["items"])
-
-    walk(out)
-    return out
 
 
 def default_job_selector(job: dict[str, Any]) -> None:
@@ -237,20 +221,66 @@ class Kind:
             ],
         }
 
-    def admit(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Defaulting, pruning and validation, in the API server's order."""
+    def admit(self, obj: dict[str, Any], strict: bool = False) -> dict[str, Any]:
+        """Defaulting, pruning and validation, in the API server's order; `strict` is the request's
+        fieldValidation=Strict (kubectl's default), which refuses unknown fields rather than drop them."""
+        unknown = [f"metadata.{k}" for k in obj.get("metadata") or {} if k not in object_meta.OBJECT_META]
+        if strict and self.schema is not None:
+            unknown += _unknown_fields(self.schema, obj, "")
+        if unknown:  # the in-process API holds no schemas of built-in kinds: for those, only metadata is strict
+            if strict:
+                version = self.resource.version
+                fields = ", ".join(f'unknown field "{u}"' for u in unknown)
+                raise error(
+                    400,
+                    "BadRequest",
+                    f'{self.kind} in version "{version}" cannot be handled as a {self.kind}: '
+                    f"strict decoding error: {fields}",
+                )
+            obj = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k in object_meta.OBJECT_META}}
         if self.schema is None:
             if refused := pod_validation.refusal(self.resource.group or "", self.kind, obj):
                 raise error(*refused)
             return obj
+        return self._admit_custom(obj)
+
+    def _admit_custom(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """A custom resource as apiextensions admits one: nulls dropped, defaults applied, unknown fields
+        pruned, then checked as the API server checks it (its schema's rules on every field, metadata,
+        and for our kinds the cross-field rules its CEL states, which the models hold too)."""
+        assert self.schema is not None, "a custom resource's kind has its CRD's schema"
         meta = obj.get("metadata") or {}
-        body = _prune(self.schema, _apply_defaults(self.schema, obj))
+        body = _prune(self.schema, _apply_defaults(self.schema, crd_validation.without_nulls(obj)))
         body["metadata"] = meta
-        errors = sorted(jsonschema.Draft7Validator(_as_jsonschema(self.schema)).iter_errors(body), key=str)
-        if errors:
-            e = errors[0]
-            where = ".".join(str(p) for p in e.absolute_path)
+        problems = object_meta.problems(body)
+        spec_schema = self.schema.get("properties", {}).get("spec")
+        if spec_schema is not None and "spec" in body:
+            problems += crd_validation.problems(body["spec"], spec_schema, "spec")
+        elif spec_schema is not None and "spec" in self.schema.get("required", []):
+            problems.append("spec: Required value")
+        if not problems and self.kind in api.KINDS and self.resource.group == api.GROUP:
+            try:
+                parse(api.KINDS[self.kind].spec, body["spec"])
+            except SpecError as e:
+                problems = e.problems
+        if problems:
             raise error(
-                422, "Invalid", f"{self.kind}.{api.GROUP} {meta.get('name')!r} is invalid: {where}: {e.message}"
+                422, "Invalid", f"{self.kind}.{api.GROUP} {meta.get('name')!r} is invalid: {'; '.join(problems)}"
             )
         return body
+
+
+def _unknown_fields(schema: dict, value: Any, path: str) -> list[str]:
+    """The dotted paths of fields `schema` does not declare (metadata's are ObjectMeta's, checked apart)."""
+    if isinstance(value, dict) and "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        out = []
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else key
+            if key not in schema["properties"]:
+                out.append(where)
+            elif where != "metadata":
+                out += _unknown_fields(schema["properties"][key], item, where)
+        return out
+    if isinstance(value, list) and "items" in schema:
+        return [u for i, v in enumerate(value) for u in _unknown_fields(schema["items"], v, f"{path}[{i}]")]
+    return []

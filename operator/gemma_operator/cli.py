@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import TypeAdapter
 
 from gemma_operator import api, crd, crd_validation, object_meta, plan_text
 from gemma_operator.children import merge_objects, serving_objects, training_objects
@@ -104,10 +103,6 @@ def ours(docs: list[Any]) -> tuple[list[Any], list[str]]:
     return mine, skipped
 
 
-# An object's name: an RFC 1123 subdomain (the API server's ValidateObjectMeta for custom resources).
-NAME_SCHEMA = TypeAdapter(api.Name).json_schema()
-
-
 def _identify(doc: Any) -> tuple[str, str, str]:
     """(kind, name, namespace) of a CR, or SpecError naming what is missing."""
     if not isinstance(doc, dict):
@@ -122,7 +117,7 @@ def _identify(doc: Any) -> tuple[str, str, str]:
     if not name:
         problems.append(f"{kind or '?'}: metadata.name is required")
     else:
-        problems += [f"{kind or '?'}/{name}: {m}" for m in crd_validation.problems(name, NAME_SCHEMA, "metadata.name")]
+        problems += [f"{kind or '?'}/{name}: {m}" for m in object_meta.name_problems(name)]
     if problems:
         raise SpecError(problems)
     return str(kind), str(name), meta.get("namespace") or "default"

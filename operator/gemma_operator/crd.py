@@ -97,7 +97,7 @@ CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
     ],
     api.GateCondition: [
         {"rule": "has(self.min) || has(self.max) || has(self.baseline)", "message": "set min, max or baseline"},
-        # A floor on a loss or a ceiling on a match rate would let worse outputs through (rollout_gate.gate_problems).
+        # A floor on a loss or a ceiling on a match rate would let worse outputs through (api.GateCondition).
         {
             "rule": f"!has(self.min) || !({_LOWER_IS_BETTER})",
             "message": "evalLoss and perplexity are better lower: bound them with max (or baseline), not min",

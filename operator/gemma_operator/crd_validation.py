@@ -128,9 +128,9 @@ def problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
         props = schema.get("properties")
         out = [f"{path}.{name}: Required value" for name in schema.get("required", []) if name not in present]
         for name, item in present.items():
-            if props is not None and name not in props:
+            if props is not None and name not in props and not schema.get("x-kubernetes-preserve-unknown-fields"):
                 out.append(f"{path}.{name}: unknown field")
-            elif props is not None:
+            elif props is not None and name in props:
                 out += problems(item, props[name], f"{path}.{name}")
         return out
     return _scalar_problems(value, schema, path)

@@ -46,6 +46,16 @@ def qualified_name_problems(key: str) -> list[str]:
     return out
 
 
+def name_problems(name: Any) -> list[str]:
+    """A custom resource's name: a DNS-1123 subdomain of at most 253 characters (NameIsDNSSubdomain)."""
+    if not isinstance(name, str) or len(name) > 253 or not DNS1123_SUBDOMAIN.match(name):
+        return [
+            f"metadata.name: {name!r} is not a valid Kubernetes name (lowercase letters, digits, '-' and '.', "
+            "starting and ending with a letter or digit, at most 253)"
+        ]
+    return []
+
+
 def _string_map_problems(value: Any, where: str) -> tuple[dict[str, str], list[str]]:
     if not isinstance(value, dict):
         return {}, [f"{where}: must be a map of strings"]
@@ -92,6 +102,8 @@ def problems(doc: dict[str, Any]) -> list[str]:
     if not isinstance(meta, dict):
         return [*out, "metadata: must be an object"]
     out += [f"metadata.{key}: unknown field (strict decoding)" for key in meta if key not in OBJECT_META]
+    if meta.get("name") is not None:
+        out += name_problems(meta["name"])
     namespace = meta.get("namespace")
     if namespace is not None and (
         not isinstance(namespace, str) or len(namespace) > 63 or not DNS1123_LABEL.match(namespace)

@@ -162,22 +162,6 @@ def select_for(
     return select(gate, evaluation.runs_of((fine_tune or {}).get("status") or {}), served, pin, rejected)
 
 
-def gate_problems(gate: list[api.GateCondition]) -> list[str]:
-    """A bound on the wrong side of a metric (a floor on a loss, a ceiling on a match rate) would
-    let worse outputs through: most likely min and max swapped, so it is refused."""
-    out = []
-    for i, g in enumerate(gate):
-        lower = g.metric in LOWER_IS_BETTER
-        wrong = "min" if lower and g.min is not None else "max" if not lower and g.max is not None else None
-        if wrong:
-            right, better = ("max", "lower") if lower else ("min", "higher")
-            out.append(
-                f"spec.rollout.gate.{i}.{wrong}: {g.metric} is better {better}, so bound it with {right} "
-                f"(or baseline), not {wrong}"
-            )
-    return out
-
-
 def describe(gate: list[api.GateCondition]) -> str:
     """A gate in words, for `gemma-tpu plan`."""
     words = {"better": "better than the base model", "noWorse": "no worse than the base model"}

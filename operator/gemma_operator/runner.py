@@ -16,7 +16,7 @@ from collections.abc import Collection
 import kopf
 import kubernetes
 
-from gemma_operator import api, leader, prometheus_metrics
+from gemma_operator import api, leader, log_filters, prometheus_metrics
 from gemma_operator.kube import USER_AGENT, Kube
 from gemma_operator.reconcile import Controller, register
 from gemma_operator.settings import OperatorSettings, load_settings
@@ -45,27 +45,6 @@ def configure(settings: kopf.OperatorSettings, *, namespaced: bool = False) -> N
     settings.scanning.disabled = namespaced
 
 
-class _PausedWatchWarning(logging.Filter):
-    """kopf says only at DEBUG level that it paused its watches (peering CRDs missing, say), and
-    then the operator moves on its poller alone: say it at WARNING, drop kopf's other DEBUG lines."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.DEBUG:
-            return True
-        if not record.getMessage().startswith("Pausing the watch-stream"):
-            return False
-        record.levelno, record.levelname = logging.WARNING, "WARNING"
-        return True
-
-
-def warn_when_watches_pause() -> None:
-    watching = logging.getLogger("kopf._cogs.clients.watching")
-    if not any(isinstance(f, _PausedWatchWarning) for f in watching.filters):
-        watching.addFilter(_PausedWatchWarning())
-    if watching.getEffectiveLevel() > logging.DEBUG:
-        watching.setLevel(logging.DEBUG)
-
-
 def _client_from_environment() -> kubernetes.client.ApiClient:
     try:
         kubernetes.config.load_incluster_config()
@@ -81,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.standalone and args.peering:
         logging.error("--standalone and --peering exclude each other")
         return 2
-    warn_when_watches_pause()
+    log_filters.install()
     settings = load_settings(args.settings)
     client = _client_from_environment()
     elector = leader.elector_for(client, args.leader_election_lease) if args.leader_election_lease else None

@@ -12,12 +12,16 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import kmock
 import kubernetes
 import pytest
 import yaml
 from kubernetes.client.rest import ApiException
 
+from gemma_devcluster.apiserver import ApiServer
 from gemma_operator import api, cli
+from gemma_operator import api as api_
+from gemma_operator.kube import ApiError, Kube
 from tests.support.admission_corpus import CEL_CASES, Case, bases, corpus, crd_rule_messages, with_values
 
 # The project refuses and the server takes: what render says (a pattern), and why refusing is right. Each is
@@ -143,3 +147,26 @@ def test_kubectl_sends_what_the_corpus_sends(control_plane, namespace, tmp_path,
         ours = server_refusal(client, doc, namespace)
     assert (done.returncode == 0) == (ours is None), (done.stderr, ours)
     assert (ours is None) == (render_refusal(doc, tmp_path / "render.yaml") is None)
+
+
+async def test_the_in_process_api_admits_every_case_as_the_real_one(verdicts):
+    """The in-process API of the fast tests and `make demo` (gemma_devcluster.apiserver) answers the whole
+    corpus as kube-apiserver 1.36 did: it checks what the server checks, without a CEL engine, through the
+    models that hold the same cross-field rules as the CRD's CEL."""
+    async with ApiServer() as api, kmock.Server(api):
+        api.register_defaults()
+        kube = Kube.from_url(str(api.url))
+        differ = []
+        for case, server, _ in verdicts:
+            doc = as_kubectl_sends(placed(case, "parity"))
+            meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+            target = meta.get("namespace") if isinstance(meta.get("namespace"), str) else "parity"
+            path = f"/apis/{api_.GROUP}/{api_.VERSION}/namespaces/{target}/{api_.KINDS[doc['kind']].plural}"
+            try:
+                await kube._call("POST", path, body=doc, query={"dryRun": "All", "fieldValidation": "Strict"})
+                ours = None
+            except ApiError as e:
+                ours = f"{e.status}: {e.message}"
+            if (ours is None) != (server is None):
+                differ.append(f"{case.id}\n    real: {server and server[:200]}\n    in-process: {ours and ours[:200]}")
+    assert not differ, f"{len(differ)} cases the two API servers answer differently:\n" + "\n".join(differ)

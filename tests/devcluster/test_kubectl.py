@@ -12,12 +12,8 @@ import pytest
 
 from gemma_devcluster.apiserver import write_kubeconfig
 from gemma_devcluster.semantics import human_duration
-from gemma_operator.children import training
-from gemma_operator.plan import plan_finetune
-from gemma_operator.settings import OperatorSettings
-from tests.support.builders import finetune, serve
+from tests.support.builders import finetune
 from tests.support.cluster import Cluster
-from tests.support.operator import operator
 
 KUBECTL = shutil.which("kubectl")
 
@@ -132,44 +128,3 @@ async def test_kubectl_gets_our_kinds_and_the_built_in_ones(apiserver, tmp_path)
         apiserver.pod_logs[("default", name)] = f"log of {name}\n"
     logs = await asyncio.to_thread(kubectl, "logs", "job/train")
     assert logs.returncode == 0 and logs.stdout == "log of train-abcde\n", logs.stdout + logs.stderr
-
-
-async def test_a_new_job_selects_its_own_pods_by_uid(apiserver):
-    cluster = Cluster(apiserver)
-    job = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "j", "namespace": "default"},
-        "spec": {"template": {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": []}}},
-    }
-    created = await cluster.apply(job)
-    uid = created["metadata"]["uid"]
-    assert created["spec"]["selector"] == {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
-    labels = created["spec"]["template"]["metadata"]["labels"]
-    assert labels["app"] == "x" and labels["batch.kubernetes.io/controller-uid"] == uid and labels["job-name"] == "j"
-
-
-@pytest.mark.skipif(not KUBECTL, reason="kubectl is not installed")
-async def test_kubectl_wait_for_ready_returns_for_both_kinds_once_they_are_done(apiserver, tmp_path):
-    kubectl = kubectl_for(apiserver, tmp_path)
-    cluster = Cluster(apiserver)
-    b = finetune("ft").tpu("v5p", "2x2x1").set("merge.enabled", False)
-    job = training.names(plan_finetune(b.name, "default", b.spec, OperatorSettings()))[0]
-    async with operator(apiserver):
-        await cluster.apply(b.obj())
-        await cluster.apply(serve("chat").obj())
-        await cluster.job(job_ns := "default", job)
-        await cluster.job_running(job_ns, job)
-        await cluster.phase("GemmaFineTune", "default", "ft", "Training")
-        early = await asyncio.to_thread(kubectl, "wait", "--for=condition=Ready", "gft/ft", "gsv/chat", "--timeout=1s")
-        assert early.returncode != 0 and "timed out" in early.stderr, "neither is ready yet"
-        waiting = asyncio.create_task(
-            asyncio.to_thread(kubectl, "wait", "--for=condition=Ready", "gft/ft", "gsv/chat", "--timeout=30s")
-        )
-        await cluster.job_succeeded(job_ns, job, {"status": "succeeded", "step": 100, "total_steps": 100})
-        await cluster.wait_for(lambda: cluster.get("Deployment", "default", "chat-vllm"), message="Deployment")
-        await cluster.deployment_ready("default", "chat-vllm")
-        done = await waiting
-    assert done.returncode == 0, done.stderr
-    assert "gemmafinetune.gemma-tpu.dev/ft condition met" in done.stdout
-    assert "gemmaserve.gemma-tpu.dev/chat condition met" in done.stdout

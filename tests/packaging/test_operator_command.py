@@ -14,7 +14,7 @@ import time
 import pytest
 
 from gemma_devcluster.apiserver import write_kubeconfig
-from gemma_operator import runner
+from gemma_operator import log_filters
 from gemma_operator.children import training
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
@@ -51,9 +51,28 @@ def _started(log) -> bool:
 
 def test_paused_watches_are_reported_at_warning(caplog):
     """kopf logs the pause at DEBUG (`_cogs/clients/watching.py`, `streaming_block`)."""
-    runner.warn_when_watches_pause()
+    log_filters.install(handlers=[])
     watching = logging.getLogger("kopf._cogs.clients.watching")
     with caplog.at_level(logging.INFO):
         watching.debug("Pausing the watch-stream for gemmafinetunes cluster-wide (blockers: peering CRD is missing).")
         watching.debug("Starting the watch-stream for gemmafinetunes cluster-wide.")
     assert [(r.levelname, r.getMessage()[:26]) for r in caplog.records] == [("WARNING", "Pausing the watch-stream f")]
+
+
+def test_retries_of_a_starting_api_server_are_info_and_others_stay_errors(caplog):
+    """kopf logs each retried request at ERROR (`_cogs/clients/api.py`, `request`); the answers of an API
+    server that is starting (a watch cache filling, routes not yet installed) are not errors."""
+    caplog.handler.addFilter(log_filters.ServerWarmingUp())
+    api_log = logging.getLogger("kopf._cogs.clients.watching")
+    with caplog.at_level(logging.INFO):
+        api_log.error(
+            "Request attempt #5/7 failed; will retry: GET /apis/gemma-tpu.dev/v1alpha1/gemmaserves "
+            "-> APITooManyRequestsError('storage is (re)initializing', {'code': 429})"
+        )
+        api_log.error(
+            "Request attempt #4/7 failed; will retry: GET /apis/apps/v1/deployments -> APIServerError("
+            "'the request has been made before all known HTTP paths have been installed, please try again')"
+        )
+        api_log.error("Request attempt #1/7 failed; will retry: GET /api/v1/configmaps -> ClientConnectorError()")
+    assert [r.levelname for r in caplog.records] == ["INFO", "INFO", "ERROR"]
+    assert caplog.records[0].getMessage().startswith("the API server is starting; Request attempt #5/7")

@@ -16,15 +16,15 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.chart import objects, one
+from tests.support.chart import NAMESPACE, objects, one
 from tests.support.cluster import PATIENCE
 
 ENTRYPOINT = Path(sys.executable).parent / "gemma-tpu"  # the operator image's ENTRYPOINT
 
 
-def chart_command(values: dict, workdir: Path) -> list[str]:
+def chart_command(values: dict, workdir: Path, namespace: str = NAMESPACE) -> list[str]:
     """The operator container's command line, its settings ConfigMap written where it is mounted."""
-    objs = objects(values)
+    objs = objects(values, namespace)
     pod = one(objs, "Deployment")["spec"]["template"]["spec"]
     container = pod["containers"][0]
     volume = next(v for v in pod["volumes"] if "configMap" in v)

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from gemma_operator.api.common import MAX_ITEMS, MAX_LENGTH, Model, StatusModel, StatusRun, Text, Uri
+from gemma_workloads import config
 
 # Evaluation figures (the training workload's names: gemma_workloads.config.EVAL_METRICS).
 EvalMetric = Literal[
@@ -83,4 +84,11 @@ class GateCondition(Model):
             raise ValueError(f"gate on {self.metric}: set min, max or baseline")
         if self.min is not None and self.max is not None and self.min > self.max:
             raise ValueError(f"gate on {self.metric}: min {self.min} is above max {self.max}: nothing could pass")
+        # A floor on a loss or a ceiling on a match rate would let worse outputs through: most likely swapped.
+        lower = self.metric in config.LOWER_IS_BETTER
+        if (self.min if lower else self.max) is not None:
+            right, wrong, better = ("max", "min", "lower") if lower else ("min", "max", "higher")
+            raise ValueError(
+                f"{wrong}: {self.metric} is better {better}, so bound it with {right} (or baseline), not {wrong}"
+            )
         return self

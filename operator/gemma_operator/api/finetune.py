@@ -144,6 +144,11 @@ class GemmaFineTuneSpec(Model):
                 "evaluation has no rows: set spec.evaluation.uri (an eval JSONL) or spec.dataset.evalFraction "
                 "above 0 (a held-out split)"
             )
+        if self.evaluation is not None and self.evaluation.max_new_tokens >= self.dataset.max_seq_len:
+            raise ValueError(
+                f"evaluation.maxNewTokens: {self.evaluation.max_new_tokens} leaves no room for a prompt within "
+                f"dataset.maxSeqLen {self.dataset.max_seq_len}"
+            )
         return self
 
     @model_validator(mode="after")

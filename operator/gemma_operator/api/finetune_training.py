@@ -124,6 +124,13 @@ class Training(Model):
         # No defaulting here: an API-server default for epochs would clash with a later steps.
         if self.steps is not None and self.epochs is not None:
             raise ValueError("set steps or epochs, not both")
+        if self.steps is not None and self.warmup_steps >= self.steps:
+            raise ValueError(
+                f"warmupSteps: {self.warmup_steps} must be below steps {self.steps}: the training pod refuses a run "
+                "that would end inside its warmup"
+            )
+        if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
+            raise ValueError(f"microBatchSize: {self.micro_batch_size} does not divide batchSize {self.batch_size}")
         return self
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -23,11 +24,18 @@ class SpecError(ValueError):
         self.problems = problems
 
 
+# A model's cross-field rule names the field it refuses first (`warmupSteps: 100 must be below ...`): the
+# problem is then placed at that field, below the model's own place.
+_FIELD_FIRST = re.compile(r"^([a-z][A-Za-z0-9]*(?:\.[a-z][A-Za-z0-9]*)*): (.+)$", re.DOTALL)
+
+
 def _problems(error: ValidationError, root: str) -> list[str]:
     out = []
     for err in error.errors():
         loc = ".".join(str(p) for p in (root, *err["loc"]))
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "value_error" and (named := _FIELD_FIRST.match(msg)):
+            loc, msg = f"{loc}.{named[1]}", named[2]
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
         elif err["type"] == "string_pattern_mismatch":

@@ -40,17 +40,6 @@ def train_config(spec: api.GemmaFineTuneSpec) -> EvaluationConfig | None:
     return EvaluationConfig(path=ev.uri, max_rows=ev.max_rows, max_new_tokens=ev.max_new_tokens, baseline=ev.baseline)
 
 
-def problems(spec: api.GemmaFineTuneSpec) -> list[str]:
-    """What the API's field rules cannot see: the generated tokens must leave room for a prompt."""
-    ev = spec.evaluation
-    if ev is not None and ev.max_new_tokens >= spec.dataset.max_seq_len:
-        return [
-            f"spec.evaluation.maxNewTokens: {ev.max_new_tokens} leaves no room for a prompt within "
-            f"spec.dataset.maxSeqLen {spec.dataset.max_seq_len}"
-        ]
-    return []
-
-
 def run_inputs(spec: api.GemmaFineTuneSpec) -> dict:
     """What the evaluation adds to a run's identity: changing it makes new figures, so a new run.
     Nothing without an evaluation, so the runs of fine-tunes without one keep their ids."""

@@ -162,17 +162,6 @@ def _micro_batch(spec: api.GemmaFineTuneSpec, mesh: MeshConfig) -> tuple[int, li
     return micro, problems
 
 
-def _schedule(spec: api.GemmaFineTuneSpec) -> list[str]:
-    """The training pod refuses a warmup as long as the run before its first step (trainer.py)."""
-    t = spec.training
-    if t.steps is not None and t.warmup_steps >= t.steps:
-        return [
-            f"spec.training.warmupSteps: {t.warmup_steps} must be below steps {t.steps}: "
-            "the training pod refuses a run that would end inside its warmup"
-        ]
-    return []
-
-
 def _reachable(spec: api.GemmaFineTuneSpec) -> list[str]:
     """Paths the pods must reach, a storage mount that clashes with none of theirs, and the evaluation's rows."""
     problems = check_paths(
@@ -188,7 +177,7 @@ def _reachable(spec: api.GemmaFineTuneSpec) -> list[str]:
     problems += mounts.storage_problems(
         spec.storage, (mounts.CONFIG_DIR, mounts.SHM_DIR, host.STAGING_DIR), mounts.GCS_MOUNT_ROOT
     )
-    return problems + evaluation.problems(spec)
+    return problems
 
 
 def _hbm(
@@ -364,9 +353,7 @@ def plan_finetune(
     memory, hbm_problems = _hbm(spec, place, shape, preset, mesh, micro, settings)
     host_plan, host_problems = _host(spec, place, shape, preset, settings)
     source_problems, warnings = hf_source_checks(spec.model.hf_repo, spec.model.preset, spec.model.hf_token_secret_ref)
-    problems = (
-        problems + batch_problems + source_problems + _schedule(spec) + _reachable(spec) + hbm_problems + host_problems
-    )
+    problems = problems + batch_problems + source_problems + _reachable(spec) + hbm_problems + host_problems
     if problems:
         raise SpecError(problems)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gemma_operator import api, fit, host, mounts, pricing, rollout_gate, tpu
+from gemma_operator import api, fit, host, mounts, pricing, tpu
 from gemma_operator.model_shapes import PRESETS, ModelShape, infer_preset
 from gemma_operator.model_uri import HF_SCHEME, ModelUri
 from gemma_operator.plan.common import Placement, SpecError, check_paths, digest, hf_source_checks, parse, placement
@@ -152,7 +152,6 @@ def plan_serve(
     problems += check_paths(
         {"spec.model.uri": spec.model.uri, "spec.benchmark.promptsUri": prompts}, spec.storage, place.accelerator
     )
-    problems += rollout_gate.gate_problems(spec.rollout.gate)
     problems += _benchmark_problems(spec, settings)
     source_problems, warnings = hf_source_checks(spec.model.hf_repo, spec.model.preset, spec.model.hf_token_secret_ref)
     problems += source_problems

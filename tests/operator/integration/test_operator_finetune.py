@@ -5,8 +5,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from gemma_devcluster import tiny
 from gemma_operator.children import merge, training
+from gemma_operator.kube import ApiError
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import MergeConfig
@@ -145,13 +148,13 @@ async def test_invalid_spec_schedules_nothing_and_a_fix_recovers(operator, clust
 
 async def test_a_preference_method_on_chat_data_is_refused_and_on_pairs_reaches_the_pod(operator, cluster):
     b = finetune("dpo").tpu("v5p", "2x2x1").set("method", "dpo").set("preference", {"beta": 0.3})
-    await cluster.apply(b.obj())
-    ft = await cluster.phase("GemmaFineTune", NS, "dpo", "Failed")
-    cond = next(c for c in ft["status"]["conditions"] if c["type"] == "InvalidSpec")
-    assert cond["status"] == "True" and "method dpo trains on dataset.format preference" in cond["message"]
+    # Refused at admission, as the CRD's CEL rule makes a real API server do: nothing is stored or scheduled.
+    with pytest.raises(ApiError) as refused:
+        await cluster.apply(b.obj())
+    assert refused.value.status == 422 and "method dpo trains on dataset.format preference" in refused.value.message
     assert await cluster.kube.list("Job", NS) == []
 
-    await cluster.kube.patch("GemmaFineTune", NS, "dpo", {"spec": {"dataset": {"format": "preference"}}})
+    await cluster.apply(b.set("dataset.format", "preference").obj())
     _, train_name, _ = names(b.set("dataset.format", "preference"))
     await cluster.job(NS, train_name)
     train = json.loads((await cluster.get("ConfigMap", NS, train_name))["data"]["train.json"])

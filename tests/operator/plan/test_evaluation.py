@@ -38,7 +38,7 @@ def held_out(**evaluation_spec) -> finetune:
         ),
         (
             held_out(maxNewTokens=2048),
-            "spec.evaluation.maxNewTokens: 2048 leaves no room for a prompt within spec.dataset.maxSeqLen 2048",
+            "spec.evaluation.maxNewTokens: 2048 leaves no room for a prompt within dataset.maxSeqLen 2048",
         ),
         (
             finetune("ev").tpu("v5p").set("evaluation", {"uri": "/data/eval.jsonl"}),

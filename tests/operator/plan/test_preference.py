@@ -58,7 +58,7 @@ REFUSED = [
     ),
     (
         pairs().set("dataset.packing", True),
-        "spec.dataset: packing: preference pairs are not packed (each answer is its own sequence); set it false",
+        "spec.dataset.packing: preference pairs are not packed (each answer is its own sequence); set it false",
     ),
 ]
 
