@@ -1,11 +1,11 @@
 """The GPU catalogue: GKE accelerator type and GPU count -> machine type, HBM, peak, selectors.
 
-A table of facts, with their sources in docs/reference (gke-gpu.md): the accelerator types are the
+A table of facts, with their sources in docs/reference/gke-gpu.md: the accelerator types are the
 values of GKE's `cloud.google.com/gke-accelerator` node label; the machine types per GPU count are
-Compute Engine's accelerator-optimized series (A3 High, A3 Mega, A3 Ultra, A2 Ultra, G2). HBM and
-peak dense bf16 figures are NVIDIA's data sheets'. Host memory per machine type is marked where it
-is unverified, and the operator setting training_host.memory overrides it. Pods on GPUs are always
-single-node: a pod gets `count` GPUs of one VM.
+Compute Engine's accelerator-optimized series (A3 High, A3 Mega, A3 Ultra, A2 Ultra, G2), as GKE's
+docs and xpk's system_characteristics.py pair them. HBM and peak dense bf16 figures are NVIDIA's
+data sheets'. Most host memory figures are unverified there; the operator setting
+training_host.memory overrides them. Pods on GPUs are single-node: a pod gets `count` GPUs of one VM.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ class Machine:
     name: str
     gpus: int
     memory_gib: float
-    memory_verified: bool = False  # from a source read here (docs/reference gke-gpu.md), or not
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ class GpuShape:
 def _a3_high(gpus: int) -> Machine:
     # The A3 series' 8-GPU machine has 1,872 GB (Compute Engine docs, "Accelerator-optimized machine
     # family"); the 1-, 2- and 4-GPU machine types have that memory in proportion (unverified).
-    return Machine(f"a3-highgpu-{gpus}g", gpus, 234.0 * gpus, memory_verified=gpus == 8)
+    return Machine(f"a3-highgpu-{gpus}g", gpus, 234.0 * gpus)
 
 
 def _a2_ultra(gpus: int) -> Machine:
@@ -102,7 +101,7 @@ TYPES: dict[str, GpuType] = {
             "H100 Mega 80GB",
             hbm_gib_per_chip=80.0,
             peak_bf16_tflops=989.0,
-            machines=(Machine("a3-megagpu-8g", 8, 1872.0, memory_verified=True),),
+            machines=(Machine("a3-megagpu-8g", 8, 1872.0),),
             vllm_max_num_batched_tokens=8192,
         ),
         GpuType(

@@ -4,7 +4,7 @@ kinds write (message, conditions). Nothing here belongs to one kind."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -151,7 +151,10 @@ class GPU(Model):
 ONE_ACCELERATOR = "set tpu or gpu, not both (neither: the default TPU slice)"
 
 
-def one_accelerator(tpu: TPU | None, gpu: GPU | None, default: type[TPU]) -> TPU | None:
+_SliceSpec = TypeVar("_SliceSpec", bound=TPU)
+
+
+def one_accelerator(tpu: _SliceSpec | None, gpu: GPU | None, default: type[_SliceSpec]) -> _SliceSpec | None:
     """The spec's TPU slice: a spec names a TPU slice or GPUs, not both; with neither, its kind's
     default slice (so the specs from before `gpu` existed keep their meaning)."""
     if tpu is not None and gpu is not None:

@@ -137,3 +137,17 @@ def test_a_gpu_count_outside_the_catalogue_is_refused_by_the_schema():
     with pytest.raises(SpecError) as e:
         plan(finetune("x").gpu("nvidia-h100-80gb", 3))
     assert e.value.problems == ["spec.gpu.count: Input should be 1, 2, 4 or 8"]
+
+
+def test_a_service_stored_with_the_old_tpu_default_keeps_its_revision():
+    """Before spec.gpu the CRD defaulted the whole tpu block, so stored services carry the block the
+    API server wrote; one created now carries none. Both are the same service: same pods, same revision."""
+    stored = serve("s").tpu("v6e", spot=False).spec
+    created = serve("s").spec
+    assert "tpu" not in created
+    revision = [plan_serve("s", "ns", spec, SETTINGS, model_uri="gs://m/merged").revision for spec in (stored, created)]
+    assert revision[0] == revision[1]
+    gpu_revision = plan_serve(
+        "s", "ns", serve("s").gpu("nvidia-h100-80gb", 2).spec, SETTINGS, model_uri="gs://m/merged"
+    )
+    assert gpu_revision.revision != revision[0]
