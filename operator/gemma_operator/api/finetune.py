@@ -251,11 +251,13 @@ class GemmaFineTuneStatus(ObservedStatus):
     completion_time: Annotated[
         Timestamp | None, Field(description="When the fine-tune succeeded or failed (RFC 3339).")
     ] = None
-    chip_hours: Annotated[float | None, Field(description="TPU chip-hours used by this run.")] = None
+    chip_hours: Annotated[
+        float | None, Field(description="TPU chip-hours (or GPU-hours, on GPUs) used by this run.")
+    ] = None
     estimated_cost: Annotated[
         float | None,
         Field(
-            description="chipHours at the plan's price per chip-hour (settings; Spot rate on Spot where set), in dollars."
+            description="chipHours at the plan's price per chip- or GPU-hour (settings; Spot rate on Spot where set), in dollars."
         ),
     ] = None
     accounted_at: Annotated[Timestamp | None, Field(description="When chipHours was last brought up to date.")] = None

@@ -324,8 +324,8 @@ class GemmaServeStatus(ObservedStatus):
     serving_cost: Annotated[
         float | None,
         Field(
-            description="What the service's TPU slices have cost so far: replicas x chips x the price per "
-            "chip-hour (settings), in dollars; none on the cpu profile."
+            description="What the service's TPU slices or GPUs have cost so far: replicas x chips (or GPUs) x "
+            "the price per chip- or GPU-hour (settings), in dollars; none on the cpu profile."
         ),
     ] = None
     cost_accounted_at: Annotated[
