@@ -91,13 +91,16 @@ manifests: venv
 REGISTRY ?= ghcr.io/gemma-tpu-operator
 VERSION = 0.1.0
 VLLM_TPU_VERSION = 0.32.0
-IMAGES = $(REGISTRY)/operator:$(VERSION) $(REGISTRY)/workloads:$(VERSION) \
-	$(REGISTRY)/vllm-cpu:$(VLLM_CPU_VERSION) $(REGISTRY)/vllm-tpu:$(VLLM_TPU_VERSION)
+VLLM_GPU_VERSION = 0.32.0
+IMAGES = $(REGISTRY)/operator:$(VERSION) $(REGISTRY)/workloads:$(VERSION) $(REGISTRY)/workloads-cuda:$(VERSION) \
+	$(REGISTRY)/vllm-cpu:$(VLLM_CPU_VERSION) $(REGISTRY)/vllm-tpu:$(VLLM_TPU_VERSION) $(REGISTRY)/vllm-gpu:$(VLLM_GPU_VERSION)
 images:
 	docker build -f operator/Dockerfile -t $(REGISTRY)/operator:$(VERSION) .
 	docker build -f workloads/Dockerfile -t $(REGISTRY)/workloads:$(VERSION) .
+	docker build -f workloads/cuda/Dockerfile -t $(REGISTRY)/workloads-cuda:$(VERSION) .
 	docker build -f workloads/vllm-cpu/Dockerfile --build-arg VLLM_CPU_VERSION=$(VLLM_CPU_VERSION) --build-arg TORCH_VERSION=$(TORCH_VERSION) -t $(REGISTRY)/vllm-cpu:$(VLLM_CPU_VERSION) .
 	docker build -f workloads/vllm-tpu/Dockerfile --build-arg VLLM_TPU_VERSION=$(VLLM_TPU_VERSION) -t $(REGISTRY)/vllm-tpu:$(VLLM_TPU_VERSION) .
+	docker build -f workloads/vllm-gpu/Dockerfile --build-arg VLLM_GPU_VERSION=$(VLLM_GPU_VERSION) -t $(REGISTRY)/vllm-gpu:$(VLLM_GPU_VERSION) .
 
 push: images
 	for image in $(IMAGES); do docker push $$image; done

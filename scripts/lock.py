@@ -66,6 +66,8 @@ class Environment:
     excludes: tuple[str, ...] = ()
     # Needed as CPU builds that no source read where the lock is made has for this Python (see the docstring).
     from_cpu_index: tuple[str, ...] = ()
+    # Runs on NVIDIA GPUs: JAX's CUDA wheels bring the CUDA runtime (nvidia-*), which is wanted here.
+    gpu: bool = False
 
 
 ENVIRONMENTS = (
@@ -81,6 +83,14 @@ ENVIRONMENTS = (
     ),
     Environment("operator", "3.11", "the operator image (operator/Dockerfile)", ("operator",), project=True),
     Environment("workloads", "3.11", "the workloads image (workloads/Dockerfile)", ("workloads", "tpu"), project=True),
+    Environment(
+        "cuda",
+        "3.11",
+        "the CUDA training image (workloads/cuda/Dockerfile)",
+        ("workloads", "cuda"),
+        project=True,
+        gpu=True,
+    ),
     Environment(
         "vllm-tpu",
         "3.12",
@@ -189,7 +199,7 @@ def lock(env: Environment, upgrade: bool) -> None:
     text = path.read_text()
     found = entries(text)
     cuda = [name for name in found if name.startswith(CUDA_RUNTIME)]
-    if cuda:
+    if cuda and not env.gpu:
         raise SystemExit(f"{path.name}: a CUDA build of torch came in ({', '.join(cuda)}); pin torch as its CPU build")
     cpu = [cpu_build(found[name][0]) for name in env.from_cpu_index if name in found]
     head, body = text.split("\n", 2)[:2], without(text, set(env.from_cpu_index)).split("\n", 2)[2]

@@ -1,9 +1,10 @@
 """`gemma-tpu`: run the operator, or show what it would do without a cluster.
 
 render  every object the operator would create for the CRs in a file (exit 2 on a bad spec)
-plan    the derived plan: slice, mesh, HBM fit, duration and cost (exit 2 when it cannot fit or the
-        API server would refuse it); a CI gate over a GitOps folder or `kustomize build` output:
-        the objects of other API groups are skipped, one line each on stderr
+plan    the derived plan: slice or GPUs, mesh, HBM fit, duration and cost (exit 2 when it cannot fit or
+        the API server would refuse it); a CI gate over a GitOps folder or `kustomize build` output:
+        the objects of other API groups are skipped, one line each on stderr. With --compare, the
+        fine-tunes and services of the input priced side by side (a TPU shape and a GPU shape)
 crds    the CustomResourceDefinitions
 operator  run the controller (kopf) against the current cluster
 dev     the whole pipeline on this machine (what `make demo` runs; the package gemma_devcluster)
@@ -22,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from gemma_operator import api, crd, crd_validation, object_meta, plan_text
+from gemma_operator import api, crd, crd_validation, object_meta, plan_compare, plan_text
 from gemma_operator.children import merge_objects, serving_objects, training_objects
 from gemma_operator.plan import ServePlan, SpecError, plan_finetune, plan_serve
 from gemma_operator.plan.served_model import served_model
@@ -220,12 +221,49 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plans, _, problems = _plan_files(args)
     if problems:
         return _fail(problems)
+    if args.compare:
+        return _compare([p for _, p in plans], args)
     fine_tunes = {(p.namespace, p.name): p for kind, p in plans if kind == api.FINETUNE.kind}
     served = [(p, fine_tunes.get((p.namespace, _served_fine_tune(p)))) for _, p in plans]
     if args.output == "json":
         print(json.dumps([plan_text.as_dict(p, ft) for p, ft in served], indent=2))
     else:
         print("\n\n".join(plan_text.as_text(p, ft) for p, ft in served))
+    return 0
+
+
+def throughputs(given: list[str]) -> tuple[dict[str | None, float], list[str]]:
+    """--throughput values: NAME=TOKENS_PER_SECOND for the GemmaServe NAME, or a bare number for every
+    service; (the rates, one problem per value that is neither)."""
+    rates: dict[str | None, float] = {}
+    problems = []
+    for value in given:
+        name, _, number = value.rpartition("=")
+        try:
+            rate = float(number)
+        except ValueError:
+            rate = 0.0
+        if not rate > 0:
+            problems.append(
+                f"--throughput {value}: not a positive number of output tokens per second, "
+                "as NAME=TOKENS_PER_SECOND (a GemmaServe's name) or TOKENS_PER_SECOND (every service)"
+            )
+            continue
+        rates[name or None] = rate
+    return rates, problems
+
+
+def _compare(plans: list[Any], args: argparse.Namespace) -> int:
+    rates, problems = throughputs(args.throughput)
+    unknown = sorted(n for n in rates if n is not None and n not in {p.name for p in plans if isinstance(p, ServePlan)})
+    problems += [f"--throughput {n}=...: no GemmaServe {n} in the input" for n in unknown]
+    if problems:
+        return _fail(problems)
+    cols = plan_compare.columns(plans, rates)
+    if args.output == "json":
+        print(json.dumps([plan_compare.as_dict(c) for c in cols], indent=2))
+    else:
+        print(plan_compare.as_text(cols))
     return 0
 
 
@@ -276,6 +314,30 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return command(args.dev_args)
 
 
+def _add_plan(sub: Any) -> None:
+    """The `plan` subcommand and its options."""
+    p = sub.add_parser("plan", help="print the derived plan, refuse specs that cannot fit")
+    p.add_argument(
+        "-f", "--file", required=True, action="append", help="file or directory of CRs ('-': stdin); repeatable"
+    )
+    p.add_argument("--settings")
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="price the fine-tunes and services of the input side by side (e.g. a TPU and a GPU shape)",
+    )
+    p.add_argument(
+        "--throughput",
+        action="append",
+        default=[],
+        metavar="[SERVE=]TOKENS_PER_S",
+        help="with --compare: output tokens/s of one replica of a GemmaServe (or of every one), "
+        "for its $ per 1M output tokens; repeatable",
+    )
+    p.set_defaults(func=cmd_plan)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gemma-tpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -290,13 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--settings", help="operator settings YAML (default: $GEMMA_TPU_SETTINGS or built-in)")
     p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser("plan", help="print the derived plan, refuse specs that cannot fit")
-    p.add_argument(
-        "-f", "--file", required=True, action="append", help="file or directory of CRs ('-': stdin); repeatable"
-    )
-    p.add_argument("--settings")
-    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
-    p.set_defaults(func=cmd_plan)
+    _add_plan(sub)
 
     p = sub.add_parser("crds", help="print the CustomResourceDefinitions")
     p.add_argument("--out", help="write one YAML file per CRD into this directory")

@@ -26,6 +26,9 @@ _PREFERENCE_METHOD = "(has(self.method) && self.method in [{}])".format(
 # Whether a GateCondition's metric is better lower, in CEL.
 _LOWER_IS_BETTER = "self.metric in [{}]".format(", ".join(f"'{m}'" for m in sorted(api.config.LOWER_IS_BETTER)))
 
+# A TPU slice or GPUs, not both: the spec's rule of both kinds (api.one_accelerator).
+_ONE_ACCELERATOR = {"rule": "!(has(self.tpu) && has(self.gpu))", "message": api.ONE_ACCELERATOR}
+
 # Cross-field rules the API server enforces at admission (the models enforce them too).
 CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
     api.ModelSource: [
@@ -94,6 +97,7 @@ CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
             "|| (has(self.method) && self.method == 'orpo')",
             "message": "preference.orpoLambda is only used with method orpo",
         },
+        _ONE_ACCELERATOR,
     ],
     api.GateCondition: [
         {"rule": "has(self.min) || has(self.max) || has(self.baseline)", "message": "set min, max or baseline"},
@@ -127,6 +131,7 @@ CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
             "self.vllm.maxModelLen",
             "message": "benchmark.inputLen + benchmark.outputLen must be at most vllm.maxModelLen",
         },
+        _ONE_ACCELERATOR,
     ],
     api.Rollout: [
         {

@@ -93,6 +93,7 @@ def training_memory(
     hbm_gib: float,
     usable_fraction: float,
     method: str = "sft",
+    unit: str = "per chip",
 ) -> MemoryEstimate:
     b = DTYPE_BYTES[dtype]
     devices = fsdp * tp
@@ -119,7 +120,7 @@ def training_memory(
     if cost.reference_forward:  # one layer at a time, then float32 logits, no gradient; counted as overlapping the step
         parts["reference"] = per_layer_work + tokens * shape.vocab * 4 / tp
     parts["xla"] = XLA_ALLOWANCE
-    return MemoryEstimate(parts, hbm_gib * GIB * usable_fraction, activations_by_remat=by_remat)
+    return MemoryEstimate(parts, hbm_gib * GIB * usable_fraction, unit, activations_by_remat=by_remat)
 
 
 def remat_policy(estimate: MemoryEstimate) -> Literal["none", "dots", "full"]:
@@ -164,11 +165,12 @@ def serving_memory(
     hbm_gib: float,
     gpu_memory_utilization: float,
     max_num_batched_tokens: int | None = None,
+    unit: str = "per chip",
 ) -> MemoryEstimate:
     weights = shape.params * DTYPE_BYTES["bfloat16"] / tp
     kv = kv_cache_bytes(shape, max_model_len, max_num_batched_tokens, tp)
     parts = {"weights": weights, "kv(1 seq)": kv, "xla": XLA_ALLOWANCE}
-    return MemoryEstimate(parts, hbm_gib * GIB * gpu_memory_utilization)
+    return MemoryEstimate(parts, hbm_gib * GIB * gpu_memory_utilization, unit)
 
 
 def host_memory(

@@ -13,7 +13,16 @@ from gemma_operator.training_method import METHOD_COST
 
 
 def _slice(p: FineTunePlan | ServePlan) -> dict[str, Any]:
-    s = p.placement.slice
+    s, g = p.placement.slice, p.placement.gpus
+    if g is not None:
+        return {
+            "accelerator": g.type.name,
+            "name": g.name,
+            "gpus": g.count,
+            "hosts": 1,
+            "machineType": g.machine.name,
+            "machineGpus": g.machine.gpus,
+        }
     if s is None:
         return {"accelerator": "cpu", "hosts": 1, "chipsPerHost": 0}
     return {
@@ -112,6 +121,7 @@ def _price(price: pricing.Price | None) -> dict[str, Any] | None:
         return None
     return {
         "perChipHour": price.per_chip_hour,
+        "per": price.device,
         "basis": price.basis,
         "source": price.source,
         "spotPricedOnDemand": price.spot_priced_on_demand,
@@ -136,14 +146,14 @@ def _serving_cost(c: pricing.ServingCost | None) -> dict[str, Any] | None:
 
 def _serving_cost_text(d: dict[str, Any] | None, price: pricing.Price | None) -> list[str]:
     if d is None or price is None:
-        return ["  cost:          no TPU (the cpu profile is not priced)"]
+        return ["  cost:          no TPU or GPU (the cpu profile is not priced)"]
     at = "; ".join(
         f"at {field} {a['replicas']}: ${a['hour']:,.2f}/h, ${a['30Days']:,.2f} per 30 days"
         for field, a in d["at"].items()
     )
     return [
         f"  cost:          ${d['perReplicaHour']:,.2f}/h and ${d['perReplica30Days']:,.2f} per 30 days per replica "
-        f"({d['chipsPerReplica']} chips); {at}",
+        f"({d['chipsPerReplica']} {price.device}s); {at}",
         f"  price:         {price.describe()}",
     ]
 
@@ -256,21 +266,18 @@ def as_dict(p: FineTunePlan | ServePlan, fine_tune: FineTunePlan | None = None) 
 
 def as_text(p: FineTunePlan | ServePlan, fine_tune: FineTunePlan | None = None) -> str:
     d = as_dict(p, fine_tune)
-    s = d["slice"]
-    where = (
-        f"{s['name']} ({s['topology']}): {s['hosts']} host(s) x {s['chipsPerHost']} chips, {s['machineType']}"
-        if s["accelerator"] != "cpu"
-        else "cpu (no TPU)"
-    )
-    hbm = _fit_text(d["hbmPerChip"], "not checked (no TPU or unknown model size)")
+    where = _where(d["slice"])
+    per = f"HBM per {p.placement.device_word}:"
+    hbm = _fit_text(d["hbmPerChip"], "not checked (no TPU or GPU, or unknown model size)")
+    compiler = "compilation" if p.placement.gpus else "XLA compilation"
     if isinstance(p, ServePlan):
         lines = [
             f"GemmaServe {d['name']} (namespace {d['namespace']})",
-            f"  slice:         {where}",
+            where,
             f"  model:         {d['modelUri'] or _awaited(p)} served as {d['servedModelName']!r}",
             f"  vLLM:          tensor parallel {d['tensorParallel']}, image {d['image']}",
-            f"  HBM per chip:  {hbm}",
-            f"  startup:       up to {d['startupBudgetSeconds'] // 60} min for loading and XLA compilation",
+            f"  {per:<15}{hbm}",
+            f"  startup:       up to {d['startupBudgetSeconds'] // 60} min for loading and {compiler}",
             f"  workload:      {d['workload']}",
             *([f"  rollout gate:  {rollout_gate.describe(p.spec.rollout.gate)}"] if p.spec.model.fine_tune_ref else []),
             f"  compile cache: {d['compileCache'] or 'none (every restart compiles again)'}",
@@ -283,29 +290,32 @@ def as_text(p: FineTunePlan | ServePlan, fine_tune: FineTunePlan | None = None) 
         return "\n".join(lines)
     est = d["estimate"]
     estimate = (
-        "unknown (set training.steps and a model preset on a TPU)"
+        "unknown (set training.steps and a model preset on TPU chips or GPUs)"
         if est is None
         else (
             f"{est['steps']} steps, {est['tokens'] / 1e6:.1f} M tokens, {est['hours']:.1f} h, "
-            f"{est['chipHours']:.1f} chip-hours, ${est['cost']:.2f}"
+            f"{est['chipHours']:.1f} {p.placement.device_word}-hours, ${est['cost']:.2f}"
         )
     )
     lines = [
         f"GemmaFineTune {d['name']} (namespace {d['namespace']})",
         f"  model:         {d['model']}",
-        f"  slice:         {where}",
+        where,
         f"  workload:      {d['workload']} {d['trainingJob']}",
         *_method_text(d["method"], p.train.batch_size),
         f"  mesh:          fsdp {d['mesh']['fsdp']} x tp {d['mesh']['tp']}, "
         f"micro-batch {METHOD_COST[p.train.method].rows(d['microBatch'])}, "
         f"gradient accumulation {d['gradientAccumulation']}",
-        f"  HBM per chip:  {hbm}",
+        f"  {per:<15}{hbm}",
         *_host_text(d["host"]),
         f"  run:           {d['run']} -> {d['runDir']}",
         f"  estimate:      {estimate}",
-        *([f"  price:         {p.price.describe()}"] if p.price and p.placement.slice else []),
+        *([f"  price:         {p.price.describe()}"] if p.price and p.placement.accelerated else []),
         *(
-            [f"  evaluation:    {evaluation_plan.text(d['evaluation'], d['pricePerChipHour'])}"]
+            [
+                f"  evaluation:    "
+                f"{evaluation_plan.text(d['evaluation'], d['pricePerChipHour'], p.placement.device_word)}"
+            ]
             if d["evaluation"]
             else []
         ),
@@ -314,6 +324,19 @@ def as_text(p: FineTunePlan | ServePlan, fine_tune: FineTunePlan | None = None) 
         *_warnings_text(d["warnings"]),
     ]
     return "\n".join(lines)
+
+
+def _where(s: dict[str, Any]) -> str:
+    """The line that says where the pods run: a TPU slice, GPUs, or the cpu profile."""
+    if "gpus" in s:
+        of = "all the GPUs" if s["gpus"] == s["machineGpus"] else f"{s['gpus']} of the {s['machineGpus']} GPUs"
+        return f"  gpus:          {s['name']} ({s['accelerator']}): {of} of one {s['machineType']} node"
+    if s["accelerator"] == "cpu":
+        return "  slice:         cpu (no TPU)"
+    return (
+        f"  slice:         {s['name']} ({s['topology']}): {s['hosts']} host(s) x {s['chipsPerHost']} chips, "
+        f"{s['machineType']}"
+    )
 
 
 def _awaited(p: ServePlan) -> str:

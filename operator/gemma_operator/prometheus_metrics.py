@@ -20,9 +20,17 @@ RECONCILE_SECONDS = Histogram(
 )
 PHASE = Gauge("gemma_tpu_resources", "Resources by kind and phase.", ["kind", "phase"], registry=REGISTRY)
 ACTIVE_CHIPS = Gauge(
-    "gemma_tpu_active_chips", "TPU chips held by running training workloads.", ["accelerator"], registry=REGISTRY
+    "gemma_tpu_active_chips",
+    "TPU chips (or GPUs, by accelerator) held by running training workloads.",
+    ["accelerator"],
+    registry=REGISTRY,
 )
-CHIP_HOURS = Counter("gemma_tpu_chip_hours", "TPU chip-hours consumed by training.", ["accelerator"], registry=REGISTRY)
+CHIP_HOURS = Counter(
+    "gemma_tpu_chip_hours",
+    "TPU chip-hours (or GPU-hours, by accelerator) consumed by training.",
+    ["accelerator"],
+    registry=REGISTRY,
+)
 
 # The figures of each GemmaServe's current benchmark (status.benchmark), by its status field.
 BENCHMARK_GAUGES = {

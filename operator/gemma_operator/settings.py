@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from gemma_operator.gpu import DEFAULT_PRICE_PER_GPU_HOUR
 from gemma_operator.tpu import DEFAULT_PRICE_PER_CHIP_HOUR
 
 SETTINGS_ENV = "GEMMA_TPU_SETTINGS"
@@ -28,6 +29,10 @@ class Images(_Settings):
     workloads: str = Field(
         default="ghcr.io/gemma-tpu-operator/workloads:0.1.0", description="Image of the training and merge pods."
     )
+    # Built by `make images` (workloads/cuda): the same workloads on JAX for CUDA.
+    workloads_cuda: str = Field(
+        default="ghcr.io/gemma-tpu-operator/workloads-cuda:0.1.0", description="Image of training pods on GPUs."
+    )
     # Built from pinned releases by `make images` (workloads/vllm-tpu, workloads/vllm-cpu): vllm-tpu
     # 0.32.0 from PyPI rather than a floating upstream tag; pin a digest in production.
     serving_tpu: str = Field(
@@ -35,6 +40,10 @@ class Images(_Settings):
     )
     serving_cpu: str = Field(
         default="ghcr.io/gemma-tpu-operator/vllm-cpu:0.32.0", description="vLLM image of servers on CPU nodes."
+    )
+    # Built by `make images` (workloads/vllm-gpu) from vLLM's own CUDA image of the same release.
+    serving_gpu: str = Field(
+        default="ghcr.io/gemma-tpu-operator/vllm-gpu:0.32.0", description="vLLM image of servers on GPUs."
     )
     # vLLM has moved its multi-host launcher between versions (examples/online_serving/ and
     # examples/ray_serving/); the serving_tpu image puts the one of its release here.
@@ -47,13 +56,13 @@ class Images(_Settings):
 class Resources(_Settings):
     """CPU/memory of the workload containers beside their TPU chips."""
 
-    training_cpu: str = Field(default="8", description="CPU request of a TPU training pod.")
-    # The least a TPU training pod gets; more when its model needs it (see host.py).
+    training_cpu: str = Field(default="8", description="CPU request of a TPU or GPU training pod.")
+    # The least a TPU or GPU training pod gets; more when its model needs it (see host.py).
     training_memory: str = Field(
-        default="64Gi", description="Least memory of a TPU training pod; more when its model needs it."
+        default="64Gi", description="Least memory of a TPU or GPU training pod; more when its model needs it."
     )
-    serving_cpu: str = Field(default="8", description="CPU request of a TPU vLLM pod.")
-    serving_memory: str = Field(default="64Gi", description="Memory request and limit of a TPU vLLM pod.")
+    serving_cpu: str = Field(default="8", description="CPU request of a TPU or GPU vLLM pod.")
+    serving_memory: str = Field(default="64Gi", description="Memory request and limit of a TPU or GPU vLLM pod.")
     cpu_profile_cpu: str = Field(default="2", description="CPU request of a pod with accelerator cpu.")
     cpu_profile_memory: str = Field(
         default="8Gi", description="Memory request and limit of a pod with accelerator cpu."
@@ -61,13 +70,13 @@ class Resources(_Settings):
 
 
 class TrainingHost(_Settings):
-    """The TPU VMs training runs on, beyond their chips: memory and local disk, planned like HBM."""
+    """The TPU or GPU VMs training runs on, beyond their chips: memory and local disk, planned like HBM."""
 
     memory: dict[str, str] = Field(
         # Unverified (Compute Engine's machine-type tables, not checked against a source here):
         # set them to what `kubectl get node -o yaml` shows as capacity. Known ones are in tpu.py.
         default_factory=lambda: {"ct5p-hightpu-4t": "448Gi", "ct6e-standard-4t": "720Gi", "ct6e-standard-1t": "176Gi"},
-        description="Memory of a TPU VM by machine type; overrides the catalogue (tpu.HOST_MEMORY_GIB).",
+        description="Memory of a TPU or GPU VM by machine type; overrides the catalogues (tpu.py, gpu.py).",
     )
     memory_usable_fraction: Annotated[
         float,
@@ -90,15 +99,15 @@ class TrainingHost(_Settings):
     staging_storage_class: str | None = Field(
         default=None,
         description="StorageClass of the staging volume of merge Jobs, and of TPU "
-        "generations without an entry in staging_storage_classes; none: the cluster's default.",
+        "generations and GPU types without an entry in staging_storage_classes; none: the cluster's default.",
     )
     staging_storage_classes: dict[str, str] = Field(
         # A TPU VM attaches only some disk types (v5p: Persistent Disk balanced; v6e: Hyperdisk
         # only), so one class rarely fits every generation.
         default_factory=dict,
         description="StorageClass of the staging volume per TPU generation "
-        "(v5p, v6e), e.g. {v6e: a Hyperdisk Balanced class}; WaitForFirstConsumer, so the disk is "
-        "made in the zone of the slice.",
+        "(v5p, v6e) or GPU type (nvidia-h200-141gb...), e.g. {v6e: a Hyperdisk Balanced class}; "
+        "WaitForFirstConsumer, so the disk is made in the zone of the slice.",
     )
     node_ephemeral_storage: str = Field(
         # GKE's node-sizing page shows a 100 GB boot disk leaving 47,060,071,478 bytes allocatable.
@@ -125,13 +134,27 @@ class OperatorSettings(_Settings):
         description="Spot price per chip-hour by generation; without one, Spot work is priced on demand "
         "(and the plan says so).",
     )
+    prices_per_gpu_hour: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_PRICE_PER_GPU_HOUR),
+        description="On-demand price per GPU-hour by GKE GPU type (nvidia-h100-80gb...), for the cost "
+        "estimate and status; a type without one is priced at nothing.",
+    )
+    spot_prices_per_gpu_hour: dict[str, float] = Field(
+        default_factory=dict,
+        description="Spot price per GPU-hour by GKE GPU type; without one, Spot work is priced on demand.",
+    )
     hbm_usable_fraction: Annotated[
         float, Field(gt=0, le=1, description="Share of HBM the pre-flight check may plan for.")
     ] = 0.9
     # The seed paper's v5p-8 run did 1,244 steps of 8 x 3,072 padded tokens in 3.34 h: about 25 %
     # of peak bf16 over the tokens computed (its 5 % counts only the non-padding tokens).
     assumed_mfu: Annotated[
-        float, Field(gt=0, le=1, description="Share of peak FLOPs assumed by the duration estimate.")
+        float, Field(gt=0, le=1, description="Share of peak FLOPs assumed by the duration estimate on TPU.")
+    ] = 0.25
+    # The training step of this project's workload reached 25.4 % of an H100's and 24.6 % of an H200's
+    # 989 TFLOP/s on 30 of the 31B model's layers at seq 3072 with whole-layer remat (docs/benchmarks.md).
+    assumed_gpu_mfu: Annotated[
+        float, Field(gt=0, le=1, description="Share of peak FLOPs assumed by the duration estimate on GPUs.")
     ] = 0.25
     merge_node_selector: dict[str, str] = Field(
         default_factory=dict, description="Where merge Jobs run (a CPU node pool)."

@@ -25,12 +25,12 @@ from gemma_operator.kube import ApiError, Kube
 from tests.support.admission_corpus import CEL_CASES, Case, bases, corpus, crd_rule_messages, with_values
 
 # The project refuses and the server takes: what render says (a pattern), and why refusing is right. Each is
-# a rule about more than the object (the TPU catalogue, the model, the cluster's settings), which the
+# a rule about more than the object (the TPU and GPU catalogues, the model, the cluster's settings), which the
 # schema cannot state; the operator refuses the same in the CR's status (InvalidSpec), before any pod.
 JUSTIFIED: dict[str, str] = {
     r"spec\.tpu\.topology: v\d\w* has no topology": "the slices of each TPU generation are the catalogue's (tpu.py)",
     r"spec\.training\.mesh: fsdp \d+ x tp \d+ = \d+ devices, but": "the mesh must cover the slice's chips (catalogue)",
-    r"does not fit .* for serving": "the HBM fit needs the model's shapes and the chip's memory (fit.py)",
+    r"does not fit .* for (serving|training)": "the HBM fit needs the model's shapes and the chip's or GPU's memory (fit.py)",
     r"is too short for \S+: loading and XLA compilation": "the start-up time is the model's, which the schema does not know",
     r"above this cluster's limit: .*operator setting": "the cluster's limits are operator settings, not the CRD's",
     r"is not under spec\.storage\.mountPath": "a local path must lie under the mounted volume, compared as normalised paths",

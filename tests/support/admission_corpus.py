@@ -111,6 +111,8 @@ def bases() -> dict[str, dict[str, dict[str, Any]]]:
         },
     )
     run_ref = with_values(v6e, {"spec.model.fineTuneRef.run": "0a1b2c3d"})
+    h100 = with_values(_example("gemma4-31b-h100x2.yaml"), {"spec.gpu.spot": True, "spec.gpu.nodePool": "h100-spot"})
+    h100_serve = with_values(_example("serve-h100x2.yaml"), {"spec.gpu.spot": False, "spec.gpu.nodePool": "h100"})
     return {
         "GemmaFineTune": {
             "quickstart": quick_ft,
@@ -119,8 +121,16 @@ def bases() -> dict[str, dict[str, dict[str, Any]]]:
             "dpo": dpo,
             "orpo": orpo,
             "epochs": epochs,
+            "h100": h100,
         },
-        "GemmaServe": {"quickstart": quick_serve, "v6e": v6e, "uri": uri_serve, "hf": hf_serve, "run": run_ref},
+        "GemmaServe": {
+            "quickstart": quick_serve,
+            "v6e": v6e,
+            "uri": uri_serve,
+            "hf": hf_serve,
+            "run": run_ref,
+            "h100": h100_serve,
+        },
     }
 
 
@@ -282,6 +292,12 @@ def _inside_values(node: dict) -> Iterator[tuple[str, Any]]:
 
 # Each CEL rule of the CRDs, by its message: (kind, base, values that break it, values that keep it).
 CEL_CASES: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
+    api.ONE_ACCELERATOR: (
+        "GemmaFineTune",
+        "h100",
+        {"spec.tpu": {"accelerator": "v5p"}},
+        {"spec.gpu.count": 4},
+    ),
     "set exactly one of uri or hfRepo": (
         "GemmaFineTune",
         "v5p",
@@ -474,8 +490,14 @@ def crd_rule_messages() -> set[str]:
     return out
 
 
+# The rules both kinds hold, for the kind CEL_CASES does not test them on.
+SHARED_CEL_CASES: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
+    api.ONE_ACCELERATOR: ("GemmaServe", "h100", {"spec.tpu": {}}, {"spec.tpu": DELETE}),
+}
+
+
 def cel_cases() -> Iterator[Case]:
-    for message, (kind, base, breaks, keeps) in CEL_CASES.items():
+    for message, (kind, base, breaks, keeps) in [*CEL_CASES.items(), *SHARED_CEL_CASES.items()]:
         doc = bases()[kind][base]
         yield Case(f"{kind} rule {message!r}: broken", with_values(doc, breaks))
         yield Case(f"{kind} rule {message!r}: kept", with_values(doc, keeps))

@@ -1,4 +1,4 @@
-"""Test builders for CRs: `finetune("x").tpu("v5p", "2x2x1").lora(rank=64).obj()`."""
+"""Test builders for CRs: `finetune("x").tpu("v5p", "2x2x1").lora(rank=64).obj()`, `.gpu("nvidia-h100-80gb", 2)`."""
 
 from __future__ import annotations
 
@@ -27,6 +27,10 @@ class _Builder:
 
     def tpu(self, accelerator: str, topology: str | None = None, **kw: Any) -> _Builder:
         self._obj["spec"]["tpu"] = {"accelerator": accelerator, **({"topology": topology} if topology else {}), **kw}
+        return self
+
+    def gpu(self, gpu_type: str, count: int | None = None, **kw: Any) -> _Builder:
+        self._obj["spec"]["gpu"] = {"type": gpu_type, **({"count": count} if count else {}), **kw}
         return self
 
     def label(self, key: str, value: str) -> _Builder:

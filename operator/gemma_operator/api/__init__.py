@@ -7,7 +7,7 @@ reconciled. Field names are the public contract: add fields, never rename them.
 One module per part of the schema, each read top to bottom as `kubectl explain` reads it:
 
 - `common.py`: what both kinds share: group and version, the bounds of strings and lists, the base
-  models, Secret references, the slice, storage, conditions;
+  models, Secret references, the TPU slice or GPUs, storage, conditions;
 - `evaluation.py`: the fine-tune's evaluation and its figures, and the serve's gate on them;
 - `finetune.py`: GemmaFineTune, with its training settings in `finetune_training.py`;
 - `serve.py`: GemmaServe, with its benchmark and SLO in `serve_benchmark.py`.
@@ -20,14 +20,18 @@ from __future__ import annotations
 
 from gemma_operator.api.common import (
     API_VERSION,
+    GPU,
     GROUP,
     MAX_ITEMS,
     MAX_LENGTH,
+    ONE_ACCELERATOR,
     PATTERN_HINTS,
     TPU,
     VERSION,
     Accelerator,
     Condition,
+    GpuCount,
+    GpuType,
     HfRepo,
     Image,
     Kind,
@@ -48,6 +52,7 @@ from gemma_operator.api.common import (
     Text,
     Timestamp,
     Uri,
+    one_accelerator,
 )
 from gemma_operator.api.evaluation import EvalMetric, Evaluation, GateCondition, MetricFigure, RunEvaluation
 from gemma_operator.api.finetune import (
@@ -129,6 +134,9 @@ __all__ = [
     "GemmaFineTuneStatus",
     "GemmaServeSpec",
     "GemmaServeStatus",
+    "GPU",
+    "GpuCount",
+    "GpuType",
     "GROUP",
     "HfRepo",
     "Image",
@@ -153,6 +161,8 @@ __all__ = [
     "Name",
     "NodeLabel",
     "ObservedStatus",
+    "one_accelerator",
+    "ONE_ACCELERATOR",
     "OrpoLambda",
     "Output",
     "PATTERN_HINTS",

@@ -4,7 +4,7 @@ kinds write (message, conditions). Nothing here belongs to one kind."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -16,6 +16,9 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 Accelerator = Literal["v5p", "v6e", "cpu"]
+# GKE's cloud.google.com/gke-accelerator values of the GPUs the operator knows (the catalogue gpu.py).
+GpuType = Literal["nvidia-h100-80gb", "nvidia-h100-mega-80gb", "nvidia-h200-141gb", "nvidia-a100-80gb", "nvidia-l4"]
+GpuCount = Literal[1, 2, 4, 8]
 Preset = Literal["gemma4-31b", "gemma4-26b-a4b", "gemma4-e4b", "gemma4-e2b", "tiny"]
 
 # A Kubernetes object name (RFC 1123 subdomain) and a size such as "5GB" or "4Gi".
@@ -130,6 +133,33 @@ class TPU(Model):
     ] = False
     reservation: Annotated[NodeLabel | None, Field(description="Name of a specific TPU reservation.")] = None
     node_pool: Annotated[NodeLabel | None, Field(description="Pin the pods to this GKE node pool.")] = None
+
+
+class GPU(Model):
+    """Where the pods run on NVIDIA GPUs instead of a TPU slice: the GKE accelerator type and the GPUs
+    of each pod, all on one node."""
+
+    type: Annotated[
+        GpuType, Field(description="GKE accelerator type (the node label cloud.google.com/gke-accelerator).")
+    ]
+    count: Annotated[GpuCount, Field(description="GPUs of each pod (1, 2, 4 or 8), on one node.")] = 1
+    spot: Annotated[bool, Field(description="Schedule on Spot GPU nodes (cheaper, may be reclaimed).")] = False
+    node_pool: Annotated[NodeLabel | None, Field(description="Pin the pods to this GKE node pool.")] = None
+
+
+# One rule for both kinds, said the same way by the models and by the CRDs' CEL rule.
+ONE_ACCELERATOR = "set tpu or gpu, not both (neither: the default TPU slice)"
+
+
+_SliceSpec = TypeVar("_SliceSpec", bound=TPU)
+
+
+def one_accelerator(tpu: _SliceSpec | None, gpu: GPU | None, default: type[_SliceSpec]) -> _SliceSpec | None:
+    """The spec's TPU slice: a spec names a TPU slice or GPUs, not both; with neither, its kind's
+    default slice (so the specs from before `gpu` existed keep their meaning)."""
+    if tpu is not None and gpu is not None:
+        raise ValueError(ONE_ACCELERATOR)
+    return default() if tpu is None and gpu is None else tpu
 
 
 class Storage(Model):

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from gemma_operator import reasons
 from gemma_operator.api.common import (
+    GPU,
     MAX_ITEMS,
     TPU,
     HfRepo,
@@ -29,6 +30,7 @@ from gemma_operator.api.common import (
     Text,
     Timestamp,
     Uri,
+    one_accelerator,
 )
 from gemma_operator.api.evaluation import Evaluation, MetricFigure, RunEvaluation
 from gemma_operator.api.finetune_training import Dataset, Lora, Preference, Training
@@ -108,7 +110,7 @@ class Images(Model):
 
 
 class GemmaFineTuneSpec(Model):
-    """GemmaFineTune: a LoRA fine-tune of Gemma 4 on a TPU slice, merged to HF safetensors."""
+    """GemmaFineTune: a LoRA fine-tune of Gemma 4 on a TPU slice or GPUs, merged to HF safetensors."""
 
     model: ModelSource
     dataset: Dataset
@@ -121,7 +123,10 @@ class GemmaFineTuneSpec(Model):
         Preference | None,
         Field(description="Settings of method dpo or orpo; unset: their defaults. Only with those methods."),
     ] = None
-    tpu: TPU = Field(default_factory=TPU)
+    tpu: Annotated[TPU | None, Field(description="The TPU slice; unset, and no gpu: v5p 2x2x1 (a v5p-8).")] = None
+    gpu: Annotated[
+        GPU | None, Field(description="NVIDIA GPUs of a GKE GPU node pool instead of a TPU slice; not with tpu.")
+    ] = None
     merge: Merge = Field(default_factory=Merge)
     suspend: Annotated[bool, Field(description="Stop (or hold) training; resume later.")] = False
     service_account_name: Annotated[
@@ -136,6 +141,11 @@ class GemmaFineTuneSpec(Model):
     evaluation: Annotated[
         Evaluation | None, Field(description="Score the fine-tune and its base model after training.")
     ] = None
+
+    @model_validator(mode="after")
+    def _accelerator(self) -> GemmaFineTuneSpec:
+        self.tpu = one_accelerator(self.tpu, self.gpu, TPU)
+        return self
 
     @model_validator(mode="after")
     def _evaluation_rows(self) -> GemmaFineTuneSpec:
@@ -246,11 +256,13 @@ class GemmaFineTuneStatus(ObservedStatus):
     completion_time: Annotated[
         Timestamp | None, Field(description="When the fine-tune succeeded or failed (RFC 3339).")
     ] = None
-    chip_hours: Annotated[float | None, Field(description="TPU chip-hours used by this run.")] = None
+    chip_hours: Annotated[
+        float | None, Field(description="TPU chip-hours (or GPU-hours, on GPUs) used by this run.")
+    ] = None
     estimated_cost: Annotated[
         float | None,
         Field(
-            description="chipHours at the plan's price per chip-hour (settings; Spot rate on Spot where set), in dollars."
+            description="chipHours at the plan's price per chip- or GPU-hour (settings; Spot rate on Spot where set), in dollars."
         ),
     ] = None
     accounted_at: Annotated[Timestamp | None, Field(description="When chipHours was last brought up to date.")] = None

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gemma_operator import reasons
 from gemma_operator.api.common import (
+    GPU,
     MAX_ITEMS,
     MAX_LENGTH,
     TPU,
@@ -29,6 +30,7 @@ from gemma_operator.api.common import (
     Text,
     Timestamp,
     Uri,
+    one_accelerator,
 )
 from gemma_operator.api.evaluation import GateCondition
 from gemma_operator.api.serve_benchmark import Benchmark, BenchmarkResult, RejectedRun
@@ -231,10 +233,18 @@ class Metrics(Model):
 
 
 class GemmaServeSpec(Model):
-    """GemmaServe: an OpenAI-compatible vLLM service of a Gemma 4 model on TPU."""
+    """GemmaServe: an OpenAI-compatible vLLM service of a Gemma 4 model on TPU or GPUs."""
 
     model: ServeModel
-    tpu: ServeTPU = Field(default_factory=ServeTPU)
+    tpu: Annotated[ServeTPU | None, Field(description="The serving slice; unset, and no gpu: v6e 2x4 (a v6e-8).")] = (
+        None
+    )
+    gpu: Annotated[
+        GPU | None,
+        Field(
+            description="NVIDIA GPUs of a GKE GPU node pool instead of a TPU slice (tensor parallel over them); not with tpu."
+        ),
+    ] = None
     replicas: Annotated[int, Field(ge=0, le=1000, description="Ignored while autoscaling is set.")] = 1
     vllm: VLLM = Field(default_factory=VLLM)
     compilation_cache: CompilationCache | None = None
@@ -254,6 +264,11 @@ class GemmaServeSpec(Model):
         Benchmark | None,
         Field(description="Measure every revision once it is Ready (status.benchmark), and gate it on an SLO."),
     ] = None
+
+    @model_validator(mode="after")
+    def _accelerator(self) -> GemmaServeSpec:
+        self.tpu = one_accelerator(self.tpu, self.gpu, ServeTPU)
+        return self
 
     @model_validator(mode="after")
     def _gate_needs_runs(self) -> GemmaServeSpec:
@@ -309,8 +324,8 @@ class GemmaServeStatus(ObservedStatus):
     serving_cost: Annotated[
         float | None,
         Field(
-            description="What the service's TPU slices have cost so far: replicas x chips x the price per "
-            "chip-hour (settings), in dollars; none on the cpu profile."
+            description="What the service's TPU slices or GPUs have cost so far: replicas x chips (or GPUs) x "
+            "the price per chip- or GPU-hour (settings), in dollars; none on the cpu profile."
         ),
     ] = None
     cost_accounted_at: Annotated[

@@ -148,7 +148,8 @@ class BenchmarkResult(Model):
     errors: Annotated[int | None, Field(description="Requests that failed.")] = None
     duration_seconds: Annotated[float | None, Field(description="Wall time of the benchmark.")] = None
     cost_per_hour: Annotated[
-        float | None, Field(description="Serving cost: replicas x chips x price per chip-hour (settings), $/hour.")
+        float | None,
+        Field(description="Serving cost: replicas x chips (or GPUs) x price per chip- or GPU-hour (settings), $/hour."),
     ] = None
     cost_per_million_output_tokens: Annotated[
         float | None, Field(description="costPerHour at the measured output tokens per second, $ per 1M tokens.")

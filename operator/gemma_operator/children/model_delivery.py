@@ -8,9 +8,11 @@
   some of them were verified.
 - PVC paths: the spec's storage claim, mounted where the path says.
 - hf:// repositories: vLLM downloads them, with HF_TOKEN from a Secret.
-- The compilation cache (VLLM_XLA_CACHE_PATH) lives on gs:// (FUSE, read-write) or a PVC, in a
-  folder keyed by everything that changes the compiled programs (image, slice, vLLM limits), so
-  an upgrade never loads programs compiled for something else.
+- The compilation cache lives on gs:// (FUSE, read-write) or a PVC, in a folder keyed by everything
+  that changes the compiled programs (image, slice, vLLM limits), so an upgrade never loads programs
+  compiled for something else. On TPU it holds XLA's programs (VLLM_XLA_CACHE_PATH); on GPUs vLLM's
+  cache root (VLLM_CACHE_ROOT), where its torch.compile artefacts go (vllm/envs.py,
+  vllm/compilation/backends.py: VLLM_CACHE_ROOT/torch_compile_cache).
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ from gemma_operator.plan import ServePlan, digest
 GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
 # The driver uses a volume of this name, when the pod has one, for its file cache.
 FUSE_CACHE_VOLUME = "gke-gcsfuse-cache"
+# Where vLLM keeps what it compiles, by device (vllm/envs.py).
+CACHE_ENV = {"tpu": "VLLM_XLA_CACHE_PATH", "gpu": "VLLM_CACHE_ROOT"}
+
+
+def cache_env(plan: ServePlan) -> str:
+    """The variable that points vLLM at the compilation cache on this plan's device."""
+    return CACHE_ENV["gpu" if plan.placement.gpus else "tpu"]
 
 
 @dataclass
@@ -126,12 +135,12 @@ def delivery(plan: ServePlan) -> Delivery:
         else:
             out.volumes.append({"name": "xla-cache", "persistentVolumeClaim": {"claimName": cc.pvc}})
         out.mounts.append({"name": "xla-cache", "mountPath": XLA_CACHE_MOUNT})
-        out.env.append({"name": "VLLM_XLA_CACHE_PATH", "value": f"{XLA_CACHE_MOUNT}/{compile_cache_key(plan)}"})
+        out.env.append({"name": cache_env(plan), "value": f"{XLA_CACHE_MOUNT}/{compile_cache_key(plan)}"})
     return out
 
 
 def describe(plan: ServePlan) -> dict[str, Any]:
     """For `gemma-tpu plan`: where the model and the compile cache come from."""
     d = delivery(plan)
-    cache = next((e["value"] for e in d.env if e["name"] == "VLLM_XLA_CACHE_PATH"), None)
+    cache = next((e["value"] for e in d.env if e["name"] == cache_env(plan)), None)
     return {"modelArg": d.model_arg, "compileCache": cache}

@@ -1,4 +1,4 @@
-"""The serving workload: vLLM (TPU v6e, or vLLM's CPU build) and the Service in front of it.
+"""The serving workload: vLLM (TPU v6e, NVIDIA GPUs, or vLLM's CPU build) and the Service in front of it.
 
 One host per replica is a Deployment. A slice of several hosts is a LeaderWorkerSet, as in the
 LWS vLLM-TPU example: each group is one replica, the leader starts a Ray head and vLLM with
@@ -15,7 +15,7 @@ from typing import Any
 from gemma_operator import api, tpu
 from gemma_operator.children import common
 from gemma_operator.children.model_delivery import Delivery, delivery
-from gemma_operator.children.vllm import API_KEY_ENV, VllmLaunch, vllm_container
+from gemma_operator.children.vllm import API_KEY_ENV, Device, VllmLaunch, vllm_container
 from gemma_operator.mounts import CACHE_DIR, TMP_DIR
 from gemma_operator.plan import ServePlan
 from gemma_operator.settings import OperatorSettings
@@ -57,13 +57,20 @@ def selector(plan: ServePlan) -> dict[str, str]:
     return out
 
 
+def device(plan: ServePlan) -> Device:
+    """vLLM's device: TPU chips, GPUs, or the CPU."""
+    if plan.placement.gpus:
+        return "gpu"
+    return "tpu" if plan.placement.slice else "cpu"
+
+
 def launch(plan: ServePlan, model: str) -> VllmLaunch:
     v = plan.spec.vllm
     extra = (("--distributed-executor-backend=ray",) if plan.multi_host else ()) + tuple(v.extra_args)
     return VllmLaunch(
         model=model,
         served_name=plan.served_name,
-        device="cpu" if plan.placement.slice is None else "tpu",
+        device=device(plan),
         tensor_parallel_size=plan.tensor_parallel,
         max_model_len=v.max_model_len,
         max_num_seqs=v.max_num_seqs,
@@ -116,14 +123,15 @@ def _probe(path: str, api_key: bool) -> dict[str, Any]:
 
 def _resources(plan: ServePlan, settings: OperatorSettings) -> dict[str, Any]:
     r = settings.resources
-    if plan.placement.slice is None:
+    resource = plan.placement.resource
+    if resource is None:
         return {
             "requests": {"cpu": r.cpu_profile_cpu, "memory": r.cpu_profile_memory},
             "limits": {"memory": r.cpu_profile_memory},
         }
     amounts = {
         "memory": r.serving_memory,
-        tpu.TPU_RESOURCE: str(plan.placement.chips_per_host),
+        resource: str(plan.placement.chips_per_host),
         **common.staging_storage(plan.staging),
     }
     return {"requests": {"cpu": r.serving_cpu, **amounts}, "limits": amounts}

@@ -1,7 +1,7 @@
-"""The training workload: a Job on a single-host slice (v5p-8), a JobSet on multi-host slices.
+"""The training workload: a Job on a single-host slice (v5p-8) or on GPUs, a JobSet on multi-host slices.
 
 The pod runs `python -m gemma_workloads train --config /etc/gemma-tpu/train.json`, requesting
-every chip of its TPU VM. Multi-host slices need the GKE TPU webhook to inject TPU_WORKER_ID and
+every chip of its TPU VM, or its GPUs (`nvidia.com/gpu`) of one GPU node. Multi-host slices need the GKE TPU webhook to inject TPU_WORKER_ID and
 TPU_WORKER_HOSTNAMES, which it does for Indexed Jobs with a headless-Service subdomain: JobSet
 provides both, plus one child Job per node pool (exclusive topology) and gang restarts.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gemma_operator import api, failure_policy, host, tpu
+from gemma_operator import api, failure_policy, gpu, host, tpu
 from gemma_operator.children import common
 from gemma_operator.mounts import CONFIG_DIR, TRAIN_CONFIG_FILE
 from gemma_operator.plan import FineTunePlan
@@ -52,14 +52,20 @@ def _labels(plan: FineTunePlan) -> dict[str, str]:
 
 def _resources(plan: FineTunePlan, settings: OperatorSettings) -> dict[str, Any]:
     r = settings.resources
-    if plan.placement.slice is None or plan.host is None:  # the cpu profile: no host plan
+    resource = plan.placement.resource
+    if resource is None or plan.host is None:  # the cpu profile: no host plan
         amounts = {"cpu": r.cpu_profile_cpu, "memory": r.cpu_profile_memory}
         return {"requests": amounts, "limits": {"memory": r.cpu_profile_memory}}
     chips = str(plan.placement.chips_per_host)
     # Limits equal to requests: the memory the loader was planned for is the memory it gets.
-    amounts = {"memory": plan.host.memory_request, tpu.TPU_RESOURCE: chips}
+    amounts = {"memory": plan.host.memory_request, resource: chips}
     amounts.update(common.staging_storage(plan.host))
     return {"requests": {"cpu": r.training_cpu, **amounts}, "limits": amounts}
+
+
+def _device_env(plan: FineTunePlan, settings: OperatorSettings) -> dict[str, str]:
+    """On GPUs, the share of each GPU's memory JAX takes: the one the HBM fit planned for."""
+    return {gpu.JAX_MEMORY_FRACTION_ENV: f"{settings.hbm_usable_fraction:g}"} if plan.placement.gpus else {}
 
 
 def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name: str) -> dict[str, Any]:
@@ -67,7 +73,9 @@ def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name
     shm, shm_mount = common.shm_volume(host.SHM_SIZE if plan.host else None)
     store_volumes, store_mounts = common.storage_volume(plan.spec.storage)
     staging_volumes, staging_mounts = common.staging_volume(plan.host, _labels(plan))
-    env = common.env_list({**(plan.host.env if plan.host else {}), **settings.training_env})
+    env = common.env_list(
+        {**(plan.host.env if plan.host else {}), **_device_env(plan, settings), **settings.training_env}
+    )
     if plan.spec.model.hf_token_secret_ref:
         env.append(common.secret_env("HF_TOKEN", plan.spec.model.hf_token_secret_ref))
     container: dict[str, Any] = {

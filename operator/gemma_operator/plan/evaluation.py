@@ -1,7 +1,7 @@
 """`spec.evaluation` -> the training pod's EvaluationConfig, the checks on it, and its cost.
 
-The evaluation runs in the training pod on the training slice after the last step, so it costs
-the slice's chips for as long as it takes. Its cost is bounded by the spec: at most `maxRows`
+The evaluation runs in the training pod on the training slice (or GPUs) after the last step, so it
+costs the slice's chips for as long as it takes. Its cost is bounded by the spec: at most `maxRows`
 rows, each a forward pass over the row (up to `dataset.maxSeqLen` tokens, twice for a preference
 pair) and up to
 `maxNewTokens` greedy steps (one forward token each); all of it twice with `baseline` (the base
@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gemma_operator import api, tpu
+from gemma_operator import api
 from gemma_operator.model_shapes import ModelShape
+from gemma_operator.plan.common import Placement
 from gemma_operator.training_method import METHOD_COST
 from gemma_workloads.config import EvaluationConfig
 
@@ -47,20 +48,22 @@ def run_inputs(spec: api.GemmaFineTuneSpec) -> dict:
 
 
 def estimate(
-    spec: api.GemmaFineTuneSpec, shape: ModelShape | None, chips: int, accelerator: str, mfu: float, price: float
+    spec: api.GemmaFineTuneSpec, shape: ModelShape | None, place: Placement, mfu: float, price: float
 ) -> EvaluationEstimate | None:
-    """The evaluation's extra time and cost on the training slice; None without a model size or a TPU."""
+    """The evaluation's extra time and cost on the training slice or GPUs; None without a model size
+    or an accelerator."""
     ev = spec.evaluation
-    if ev is None or shape is None or not chips:
+    if ev is None or shape is None or place.device is None:
         return None
     models = 2 if ev.baseline else 1
     sequences = METHOD_COST[spec.method].sequences_per_row  # a preference pair: both of its sequences are scored
     per_row = spec.dataset.max_seq_len * sequences + ev.max_new_tokens
     tokens = ev.max_rows * per_row * models
-    peak = chips * tpu.GENERATIONS[accelerator].peak_bf16_tflops * 1e12
+    peak = place.chips * place.device.peak_bf16_tflops * 1e12
     hours = tokens * shape.forward_flops_per_token() / (peak * mfu) / 3600
+    device_hours = hours * place.chips
     return EvaluationEstimate(
-        ev.max_rows, per_row, sequences, models, tokens, hours, hours * chips, hours * chips * price
+        ev.max_rows, per_row, sequences, models, tokens, hours, device_hours, device_hours * price
     )
 
 
@@ -87,17 +90,17 @@ def describe(ev: api.Evaluation | None, est: EvaluationEstimate | None) -> dict 
     }
 
 
-def text(d: dict, price: float) -> str:
-    """The evaluation's line of `gemma-tpu plan`."""
+def text(d: dict, price: float, device: str = "chip") -> str:
+    """The evaluation's line of `gemma-tpu plan`; `device` is what a chip-hour is of (chip or GPU)."""
     models = "fine-tune and base model" if d["baseline"] else "fine-tune only"
     what = f"up to {d['maxRows']} rows of {d['rows']}, {models}"
     est = d["estimate"]
     if est is None:
-        return f"{what}; cost unknown (needs a model preset on a TPU)"
+        return f"{what}; cost unknown (needs a model preset on TPU chips or GPUs)"
     sequences, forward = est["sequencesPerRow"], est["tokensPerRow"] - d["maxNewTokens"]
     forwards = f"{forward}-token forward" if sequences == 1 else f"{sequences} x {forward // sequences}-token forward"
     return (
         f"{what}: {d['maxRows']} x ({forwards} + {d['maxNewTokens']} "
         f"greedy steps) x {est['models']} = {est['tokens'] / 1e6:.2f} M tokens, +{est['hours'] * 60:.1f} min, "
-        f"{est['chipHours']:.2f} chip-hours, ${est['cost']:.2f} at ${price:.2f}/chip-hour"
+        f"{est['chipHours']:.2f} {device}-hours, ${est['cost']:.2f} at ${price:.2f}/{device}-hour"
     )

@@ -12,13 +12,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gemma_operator import api, fit, host, mounts, pricing, tpu
+from gemma_operator import api, fit, host, mounts, pricing
 from gemma_operator.model_shapes import PRESETS, ModelShape, infer_preset
 from gemma_operator.model_uri import ModelUri
 from gemma_operator.plan import evaluation
 from gemma_operator.plan.common import (
     Placement,
     SpecError,
+    assumed_mfu,
     check_paths,
     digest,
     grace_seconds,
@@ -40,6 +41,8 @@ from gemma_workloads.config import (
 )
 
 MAX_TP = 4  # Gemma 4 31B's global layers have 4 KV heads: TP=8 does not divide them.
+# What to change when a model does not fit, by the spec's block of the accelerator.
+LARGER = {"spec.tpu": "a larger topology", "spec.gpu": "more GPUs (gpu.count) or a GPU with more memory"}
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ def _slice_and_mesh(
     """The slice and its mesh, with their problems; a slice that cannot be placed is reported with
     whatever else is wrong."""
     try:
-        place = placement(spec.tpu)
+        place = placement(spec.tpu, spec.gpu)
         mesh, problems = _mesh(spec, place, shape, preset)
     except SpecError as e:
         return Placement("cpu", None, {}, []), MeshConfig(fsdp=1, tp=1), e.problems
@@ -164,6 +167,7 @@ def _micro_batch(spec: api.GemmaFineTuneSpec, mesh: MeshConfig) -> tuple[int, li
 
 def _reachable(spec: api.GemmaFineTuneSpec) -> list[str]:
     """Paths the pods must reach, a storage mount that clashes with none of theirs, and the evaluation's rows."""
+    accelerator = spec.gpu.type if spec.gpu else spec.tpu.accelerator if spec.tpu else "cpu"
     problems = check_paths(
         {
             "spec.model.uri": spec.model.uri,
@@ -172,7 +176,7 @@ def _reachable(spec: api.GemmaFineTuneSpec) -> list[str]:
             "spec.evaluation.uri": spec.evaluation.uri if spec.evaluation else None,
         },
         spec.storage,
-        spec.tpu.accelerator,
+        accelerator,
     )
     problems += mounts.storage_problems(
         spec.storage, (mounts.CONFIG_DIR, mounts.SHM_DIR, host.STAGING_DIR), mounts.GCS_MOUNT_ROOT
@@ -189,8 +193,8 @@ def _hbm(
     micro: int,
     settings: OperatorSettings,
 ) -> tuple[fit.MemoryEstimate | None, list[str]]:
-    """HBM per chip for training, known with a model preset on a TPU."""
-    if shape is None or place.slice is None:
+    """HBM per chip or GPU for training, known with a model preset on TPU chips or GPUs."""
+    if shape is None or place.device is None:
         return None, []
     memory = fit.training_memory(
         shape,
@@ -202,19 +206,20 @@ def _hbm(
         lora_rank=spec.lora.rank,
         lora_targets=spec.lora.target_modules,
         remat=spec.training.gradient_checkpointing,
-        hbm_gib=tpu.GENERATIONS[place.accelerator].hbm_gib_per_chip,
+        hbm_gib=place.device.hbm_gib_per_chip,
         usable_fraction=settings.hbm_usable_fraction,
         method=spec.method,
+        unit=f"per {place.device_word}",
     )
     if memory.fits:
         return memory, []
     hint = "" if spec.training.gradient_checkpointing else "; enable training.gradientCheckpointing"
     training = "training" if spec.method == "sft" else f"{spec.method} training"
     return memory, [
-        f"spec.tpu: {preset} does not fit {place.label} for {training}: {memory.describe()} "
+        f"{place.field}: {preset} does not fit {place.label} for {training}: {memory.describe()} "
         f"(seq {spec.dataset.max_seq_len}, micro-batch {METHOD_COST[spec.method].rows(micro)}, "
         f"LoRA rank {spec.lora.rank}){hint}; "
-        "use a larger topology, a shorter dataset.maxSeqLen or a smaller microBatchSize"
+        f"use {LARGER[place.field]}, a shorter dataset.maxSeqLen or a smaller microBatchSize"
     ]
 
 
@@ -225,12 +230,11 @@ def _host(
     preset: str | None,
     settings: OperatorSettings,
 ) -> tuple[host.HostPlan | None, list[str]]:
-    """Memory and staging disk of a TPU training host, with the problems of a host too small."""
-    if place.slice is None:
+    """Memory and staging disk of a TPU or GPU training host, with the problems of a host too small."""
+    if place.node is None:
         return None, []
-    plan = host.plan_host(shape, _model_path(spec.model), spec.model.dtype, place.slice, settings)
-    where = f"a {place.slice.machine_type} host of {place.label}"
-    return plan, host.problems(plan, preset or "the model", where, place.slice)
+    plan = host.plan_host(shape, _model_path(spec.model), spec.model.dtype, place.node, settings)
+    return plan, host.problems(plan, preset or "the model", place.host_label, place.node, place.field)
 
 
 # ---------------------------------------------------------------------------- the workload configs
@@ -275,8 +279,8 @@ def train_config(
         output_dir=output_dir,
         num_hosts=place.hosts,
         # The trainer decides whether a final checkpoint fits in the pod's grace period.
-        termination_grace_seconds=grace_seconds(spec.tpu, settings),
-        peak_tflops_per_device=tpu.GENERATIONS[place.accelerator].peak_bf16_tflops if place.slice else None,
+        termination_grace_seconds=grace_seconds(place.spot, settings),
+        peak_tflops_per_device=place.device.peak_bf16_tflops if place.device else None,
         evaluation=evaluation.train_config(spec),
     )
 
@@ -297,14 +301,14 @@ def merge_config(spec: api.GemmaFineTuneSpec, train: TrainConfig, merged_dir: st
 def _estimate(
     spec: api.GemmaFineTuneSpec, shape: ModelShape | None, place: Placement, settings: OperatorSettings, price: float
 ) -> RunEstimate | None:
-    """Duration and cost at the assumed MFU; known only with a model preset, a TPU and steps. Every
-    sequence of a row counts (a preference pair's two), at its method's FLOPs per token."""
-    if shape is None or place.slice is None or spec.training.steps is None:
+    """Duration and cost at the assumed MFU; known only with a model preset, TPU chips or GPUs, and
+    steps. Every sequence of a row counts (a preference pair's two), at its method's FLOPs per token."""
+    if shape is None or place.device is None or spec.training.steps is None:
         return None
     cost = METHOD_COST[spec.method]
     tokens = spec.training.steps * spec.training.batch_size * cost.sequences_per_row * spec.dataset.max_seq_len
-    peak = place.chips * tpu.GENERATIONS[place.accelerator].peak_bf16_tflops * 1e12
-    hours = tokens * cost.flops_per_token(shape) / (peak * settings.assumed_mfu) / 3600
+    peak = place.chips * place.device.peak_bf16_tflops * 1e12
+    hours = tokens * cost.flops_per_token(shape) / (peak * assumed_mfu(place, settings)) / 3600
     chip_hours = hours * place.chips
     return RunEstimate(spec.training.steps, tokens, hours, chip_hours, chip_hours * price)
 
@@ -362,7 +366,7 @@ def plan_finetune(
     merged, adapter = join(rdir, f"merged-{merge_id}"), join(rdir, f"adapter-{merge_id}")
     train = train_config(spec, place, mesh, micro, rdir, settings, memory)
     merge = merge_config(spec, train, merged, adapter)
-    price = pricing.chip_hour_price(settings, place.accelerator, spec.tpu.spot)
+    price = pricing.chip_hour_price(settings, place.accelerator, place.spot)
     return FineTunePlan(
         name=name,
         namespace=namespace,
@@ -381,7 +385,7 @@ def plan_finetune(
         merge=merge,
         memory=memory,
         estimate=_estimate(spec, shape, place, settings, price.per_chip_hour),
-        image=spec.images.training or settings.images.workloads,
+        image=spec.images.training or (settings.images.workloads_cuda if place.gpus else settings.images.workloads),
         merge_image=spec.images.merge or settings.images.workloads,
         merge_memory_gib=_merge_memory_gib(shape, spec, merge.workers),
         service_account=spec.service_account_name or settings.training_service_account,
@@ -389,9 +393,7 @@ def plan_finetune(
         merge_queue=settings.merge_kueue_queue,
         price_per_chip_hour=price.per_chip_hour,
         host=host_plan,
-        evaluation=evaluation.estimate(
-            spec, shape, place.chips, place.accelerator, settings.assumed_mfu, price.per_chip_hour
-        ),
+        evaluation=evaluation.estimate(spec, shape, place, assumed_mfu(place, settings), price.per_chip_hour),
         price=price,
         warnings=tuple(warnings),
     )

@@ -1,12 +1,12 @@
-"""GemmaServe spec + operator settings -> a ServePlan: the slice, the HBM fit at the tensor-parallel
-size, the start-up budget and the disk an hf:// model is downloaded to, or a SpecError."""
+"""GemmaServe spec + operator settings -> a ServePlan: the slice or GPUs, the HBM fit at the
+tensor-parallel size, the start-up budget and the disk an hf:// model is downloaded to, or a SpecError."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gemma_operator import api, fit, host, mounts, pricing, tpu
+from gemma_operator import api, fit, host, mounts, pricing
 from gemma_operator.model_shapes import PRESETS, ModelShape, infer_preset
 from gemma_operator.model_uri import HF_SCHEME, ModelUri
 from gemma_operator.plan.common import Placement, SpecError, check_paths, digest, hf_source_checks, parse, placement
@@ -17,9 +17,10 @@ MIN_STARTUP_SECONDS = {"gemma4-31b": 600, "gemma4-26b-a4b": 600}
 
 
 def default_startup_seconds(place: Placement, shape: ModelShape | None) -> int:
-    """Loading plus XLA compilation grows with the model: 5 minutes plus 20 s per billion
-    parameters (15 minutes for 31B), 30 minutes when the size is unknown, 10 on CPU."""
-    if place.slice is None:
+    """Loading plus compilation (XLA on TPU; torch.compile and CUDA graphs on GPU) grows with the
+    model: 5 minutes plus 20 s per billion parameters (15 minutes for 31B), 30 minutes when the
+    size is unknown, 10 on CPU."""
+    if not place.accelerated:
         return 600
     if shape is None:
         return 1800
@@ -53,10 +54,18 @@ class ServePlan:
     def revision(self) -> str:
         """Changes whenever the pods must be replaced: a new model or a new pod-relevant spec."""
         # The gate and the pin choose the model (model_uri): by themselves they replace no pod.
-        # The benchmark measures pods; it replaces none.
+        # The benchmark measures pods; it replaces none. An unset gpu is left out, so that the
+        # revisions of services from before the field existed are what they were.
+        unset = {"gpu": True} if self.spec.gpu is None else {}
         spec = self.spec.model_dump(
             mode="json",
-            exclude={"replicas": True, "benchmark": True, "rollout": {"gate"}, "model": {"fine_tune_ref": {"run"}}},
+            exclude={
+                "replicas": True,
+                "benchmark": True,
+                "rollout": {"gate"},
+                "model": {"fine_tune_ref": {"run"}},
+                **unset,
+            },
         )
         return digest({"model": self.model_uri, "spec": spec})
 
@@ -64,28 +73,31 @@ class ServePlan:
 def _memory(
     spec: api.GemmaServeSpec, place: Placement, shape: ModelShape | None, preset: str | None, tp: int
 ) -> tuple[fit.MemoryEstimate | None, list[str]]:
-    """HBM per chip at this tensor-parallel size, known with a model preset on a TPU."""
-    if shape is None or place.slice is None:
+    """HBM per chip or GPU at this tensor-parallel size, known with a model preset on TPU chips or GPUs."""
+    if shape is None or place.device is None:
         return None, []
     memory = fit.serving_memory(
         shape,
         tp=tp,
         max_model_len=spec.vllm.max_model_len,
-        hbm_gib=tpu.GENERATIONS[place.accelerator].hbm_gib_per_chip,
+        hbm_gib=place.device.hbm_gib_per_chip,
         gpu_memory_utilization=spec.vllm.gpu_memory_utilization,
-        max_num_batched_tokens=spec.vllm.max_num_batched_tokens,
+        max_num_batched_tokens=spec.vllm.max_num_batched_tokens
+        or (place.gpus.type.vllm_max_num_batched_tokens if place.gpus else None),
+        unit=f"per {place.device_word}",
     )
     if memory.fits:
         return memory, []
+    larger = "more GPUs (gpu.count) or a GPU with more memory" if place.gpus else "a larger topology"
     return memory, [
-        f"spec.tpu: {preset} does not fit {place.label} for serving: {memory.describe()} "
-        f"(TP {tp}, maxModelLen {spec.vllm.max_model_len}); use a larger topology or a shorter maxModelLen"
+        f"{place.field}: {preset} does not fit {place.label} for serving: {memory.describe()} "
+        f"(TP {tp}, maxModelLen {spec.vllm.max_model_len}); use {larger} or a shorter maxModelLen"
     ]
 
 
 def _startup(spec: api.GemmaServeSpec, place: Placement, shape: ModelShape | None) -> tuple[int, list[str]]:
     startup = spec.startup_timeout_seconds or default_startup_seconds(place, shape)
-    if shape is not None and place.slice is not None and startup < MIN_STARTUP_SECONDS.get(shape.preset, 0):
+    if shape is not None and place.accelerated and startup < MIN_STARTUP_SECONDS.get(shape.preset, 0):
         return startup, [
             f"spec.startupTimeoutSeconds: {startup} is too short for {shape.preset}: loading and XLA compilation "
             f"take up to {MIN_STARTUP_SECONDS[shape.preset] // 60} minutes on a first start"
@@ -98,25 +110,22 @@ def _staging(
 ) -> tuple[host.HostPlan | None, list[str]]:
     """Every host downloads an hf:// model whole before loading it: onto a disk planned like
     training's, not the node's boot disk, which a 31B download fills (the kubelet then evicts the pod)."""
-    if place.slice is None or not uri or ModelUri.parse(uri).scheme != HF_SCHEME:
+    if place.node is None or not uri or ModelUri.parse(uri).scheme != HF_SCHEME:
         return None, []
-    staging = replace(host.plan_host(shape, uri, "bfloat16", place.slice, settings), memory=None)
-    where = f"a {place.slice.machine_type} host of {place.label}"
-    return staging, host.problems(staging, preset or "the model", where, place.slice)
+    staging = replace(host.plan_host(shape, uri, "bfloat16", place.node, settings), memory=None)
+    return staging, host.problems(staging, preset or "the model", place.host_label, place.node, place.field)
 
 
 def _cost(spec: api.GemmaServeSpec, place: Placement, settings: OperatorSettings) -> pricing.ServingCost | None:
-    """What the service's TPU slices cost: a replica holds a whole slice, and an autoscaled
-    service runs between minReplicas and maxReplicas."""
-    if place.slice is None:
+    """What the service's TPU slices or GPUs cost: a replica holds a whole slice (or its GPUs), and
+    an autoscaled service runs between minReplicas and maxReplicas."""
+    if not place.accelerated:
         return None
     a = spec.autoscaling
     replicas = (
         {"replicas": spec.replicas} if a is None else {"minReplicas": a.min_replicas, "maxReplicas": a.max_replicas}
     )
-    return pricing.ServingCost(
-        pricing.chip_hour_price(settings, place.accelerator, spec.tpu.spot), place.chips, replicas
-    )
+    return pricing.ServingCost(pricing.chip_hour_price(settings, place.accelerator, place.spot), place.chips, replicas)
 
 
 def _benchmark_problems(spec: api.GemmaServeSpec, settings: OperatorSettings) -> list[str]:
@@ -128,6 +137,13 @@ def _benchmark_problems(spec: api.GemmaServeSpec, settings: OperatorSettings) ->
         f"spec.benchmark.timeoutSeconds: {b.timeout_seconds} is above this cluster's limit: 30 to "
         f"{settings.benchmark_max_seconds} seconds (operator setting benchmark_max_seconds)"
     ]
+
+
+def _default_image(place: Placement, settings: OperatorSettings) -> str:
+    """vLLM's build for the device: TPU, CUDA, or CPU."""
+    if place.gpus:
+        return settings.images.serving_gpu
+    return settings.images.serving_tpu if place.accelerated else settings.images.serving_cpu
 
 
 def plan_serve(
@@ -142,8 +158,9 @@ def plan_serve(
 ) -> ServePlan:
     """Everything the serving children need. `model_uri` is the resolved fineTuneRef output."""
     spec = spec if isinstance(spec, api.GemmaServeSpec) else parse(api.GemmaServeSpec, spec)
-    node_pool = settings.serving_node_pools.get(spec.tpu.topology or "2x4") if spec.tpu.accelerator == "v6e" else None
-    place = placement(spec.tpu, node_pool=node_pool)
+    v6e = spec.tpu is not None and spec.tpu.accelerator == "v6e"
+    node_pool = settings.serving_node_pools.get(spec.tpu.topology or "2x4") if spec.tpu and v6e else None
+    place = placement(spec.tpu, spec.gpu, node_pool=node_pool)
     preset = spec.model.preset or infer_preset(spec.model.hf_repo) or fine_tune_preset
     shape = PRESETS.get(preset) if preset else None
     tp = place.chips or 1
@@ -161,9 +178,7 @@ def plan_serve(
     staging, no_room = _staging(uri, place, shape, preset, settings)
     if problems := problems + too_short + no_room:
         raise SpecError(problems)
-    image = spec.vllm.image or (
-        settings.images.serving_cpu if place.accelerator == "cpu" else settings.images.serving_tpu
-    )
+    image = spec.vllm.image or _default_image(place, settings)
     return ServePlan(
         name=name,
         namespace=namespace,

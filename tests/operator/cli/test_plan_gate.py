@@ -187,6 +187,7 @@ def test_a_null_is_pruned_not_refused():
 
 # Each CEL rule of the CRDs, broken once: the models hold the same rules, so the gate refuses them too.
 BREAKS_A_CEL_RULE = {
+    "set tpu or gpu, not both": finetune("b").tpu("v5p").gpu("nvidia-h100-80gb", 2),
     "set exactly one of uri or hfRepo": finetune("b").set("model", {"preset": "gemma4-31b"}),
     "hfTokenSecretRef is only used with hfRepo": finetune("b").set("model.hfTokenSecretRef", {"name": "hf"}),
     "set exactly one of fineTuneRef, uri or hfRepo": serve("s").set("model.hfRepo", "google/gemma-4-31B-it"),
