@@ -76,12 +76,13 @@ def read(message: str | None) -> dict[str, Any] | str:
 
 
 def with_cost(figures: dict[str, Any], cost: ServingCost | None, replicas: int) -> dict[str, Any]:
-    """costPerHour (replicas x chips x the chip-hour price) and its price per million output tokens
-    at the measured throughput; nothing on the cpu profile, which has no chip price."""
+    """costPerHour (replicas x chips, GPUs or vCPUs x the price of one an hour) and its price per million
+    output tokens at the measured throughput, with the rate and where it comes from (a setting, or an
+    estimate)."""
     if cost is None or not replicas:
         return figures
     hourly = cost.hourly(replicas)
-    out = {**figures, "costPerHour": round(hourly, 4)}
+    out = {**figures, "costPerHour": round(hourly, 4), "priceBasis": cost.price.describe()}
     tps = figures.get("outputTokensPerSecond")
     if tps:
         out["costPerMillionOutputTokens"] = round(hourly / (tps * 3600) * 1e6, 4)
@@ -121,6 +122,7 @@ def describe(figures: Mapping[str, Any]) -> str:
         f"{figures['outputTokensPerSecond']:g} output tokens/s" if "outputTokensPerSecond" in figures else "",
         f"{figures['completed']} requests, {figures.get('errors', 0)} failed" if "completed" in figures else "",
         f"${figures['costPerMillionOutputTokens']:g}/1M output tokens"
+        + (f" at {figures['priceBasis']}" if "priceBasis" in figures else "")
         if "costPerMillionOutputTokens" in figures
         else "",
     ]

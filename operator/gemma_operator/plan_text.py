@@ -146,14 +146,14 @@ def _serving_cost(c: pricing.ServingCost | None) -> dict[str, Any] | None:
 
 def _serving_cost_text(d: dict[str, Any] | None, price: pricing.Price | None) -> list[str]:
     if d is None or price is None:
-        return ["  cost:          no TPU or GPU (the cpu profile is not priced)"]
+        return ["  cost:          not priced"]
     at = "; ".join(
         f"at {field} {a['replicas']}: ${a['hour']:,.2f}/h, ${a['30Days']:,.2f} per 30 days"
         for field, a in d["at"].items()
     )
     return [
         f"  cost:          ${d['perReplicaHour']:,.2f}/h and ${d['perReplica30Days']:,.2f} per 30 days per replica "
-        f"({d['chipsPerReplica']} {price.device}s); {at}",
+        f"({d['chipsPerReplica']:g} {price.device}s); {at}",
         f"  price:         {price.describe()}",
     ]
 

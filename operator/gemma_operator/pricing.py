@@ -65,12 +65,29 @@ def chip_hour_price(settings: OperatorSettings, accelerator: str, spot: bool) ->
     return Price(rate, "on demand", source, spot_priced_on_demand=spot, device=r.device)
 
 
+CPU_PRICE_DEFAULT = OperatorSettings.model_fields["price_per_vcpu_hour"].default
+
+
+def cpu_cores(quantity: str) -> float:
+    """A Kubernetes CPU quantity as cores: `2`, `1.5`, or millicores `500m` (the forms a CPU request takes)."""
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def vcpu_hour_price(settings: OperatorSettings) -> Price:
+    """The rate of one vCPU-hour of the nodes the cpu profile runs on."""
+    rate = settings.price_per_vcpu_hour
+    source = "settings.price_per_vcpu_hour" + (
+        ", an estimate: set it for your nodes" if rate == CPU_PRICE_DEFAULT else ""
+    )
+    return Price(rate, "on demand", source, device="vCPU")
+
+
 @dataclass(frozen=True)
 class ServingCost:
     """A service's cost per replica, and at the replica counts it runs between."""
 
     price: Price
-    chips: int
+    chips: float  # TPU chips or GPUs a replica holds, or the vCPUs a CPU replica requests
     replicas: dict[str, int]  # "replicas", or "minReplicas" and "maxReplicas" under autoscaling
 
     @property

@@ -143,6 +143,16 @@ class OperatorSettings(_Settings):
         default_factory=dict,
         description="Spot price per GPU-hour by GKE GPU type; without one, Spot work is priced on demand.",
     )
+    # Google's list price of an N2 vCPU with its 4 GB (n2-standard-2 is $0.0971/hour on demand in us-central1),
+    # not read from the live price list: an estimate, which the figures priced with it say.
+    price_per_vcpu_hour: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="Price of one vCPU-hour, with its share of memory, of the nodes that run accelerator cpu "
+            "pods: what a CPU replica's requested vCPUs cost (an estimate unless set for your nodes).",
+        ),
+    ] = 0.0486
     hbm_usable_fraction: Annotated[
         float, Field(gt=0, le=1, description="Share of HBM the pre-flight check may plan for.")
     ] = 0.9

@@ -56,6 +56,8 @@ def test_cost_follows_replicas_chips_and_throughput():
     assert out["costPerHour"] == 32.0  # 2 replicas x 8 chips x $2
     assert out["costPerMillionOutputTokens"] == pytest.approx(32.0 / 3.6, abs=1e-4)  # 3.6M tokens an hour
     assert benchmark_results.with_cost({"outputTokensPerSecond": 1.0}, None, 1) == {"outputTokensPerSecond": 1.0}
+    assert out["priceBasis"] == "$2.00/chip-hour on demand (test)", "the figure says what it is priced at"
+    assert benchmark_results.describe(out).endswith("$8.8889/1M output tokens at $2.00/chip-hour on demand (test)")
 
 
 def test_every_bound_of_the_slo_is_judged_and_a_missing_figure_misses():

@@ -149,10 +149,16 @@ class BenchmarkResult(Model):
     duration_seconds: Annotated[float | None, Field(description="Wall time of the benchmark.")] = None
     cost_per_hour: Annotated[
         float | None,
-        Field(description="Serving cost: replicas x chips (or GPUs) x price per chip- or GPU-hour (settings), $/hour."),
+        Field(
+            description="Serving cost: replicas x chips, GPUs or vCPUs x the price of one an hour (settings), $/hour."
+        ),
     ] = None
     cost_per_million_output_tokens: Annotated[
         float | None, Field(description="costPerHour at the measured output tokens per second, $ per 1M tokens.")
+    ] = None
+    price_basis: Annotated[
+        Text | None,
+        Field(description="The rate costPerHour is at, and its source: a setting, or a built-in estimate."),
     ] = None
     slo_met: Annotated[bool | None, Field(description="Whether the figures meet spec.benchmark.slo.")] = None
 

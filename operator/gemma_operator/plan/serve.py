@@ -43,7 +43,7 @@ class ServePlan:
     queue: str | None
     startup_seconds: int
     staging: host.HostPlan | None = None  # the disk an hf:// model is downloaded to (its staging fields)
-    cost: pricing.ServingCost | None = None  # None on the cpu profile
+    cost: pricing.ServingCost | None = None
     warnings: tuple[str, ...] = ()  # what may go wrong but is not refused
 
     @property
@@ -117,14 +117,15 @@ def _staging(
 
 
 def _cost(spec: api.GemmaServeSpec, place: Placement, settings: OperatorSettings) -> pricing.ServingCost | None:
-    """What the service's TPU slices or GPUs cost: a replica holds a whole slice (or its GPUs), and
-    an autoscaled service runs between minReplicas and maxReplicas."""
-    if not place.accelerated:
-        return None
+    """What the service's TPU slices, GPUs or vCPUs cost: a replica holds a whole slice (or its GPUs, or
+    the vCPUs a CPU pod requests), and an autoscaled service runs between minReplicas and maxReplicas."""
     a = spec.autoscaling
     replicas = (
         {"replicas": spec.replicas} if a is None else {"minReplicas": a.min_replicas, "maxReplicas": a.max_replicas}
     )
+    if not place.accelerated:
+        vcpus = pricing.cpu_cores(settings.resources.cpu_profile_cpu)
+        return pricing.ServingCost(pricing.vcpu_hour_price(settings), vcpus, replicas)
     return pricing.ServingCost(pricing.chip_hour_price(settings, place.accelerator, place.spot), place.chips, replicas)
 
 

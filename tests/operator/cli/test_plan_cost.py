@@ -40,3 +40,16 @@ def test_a_training_run_plus_thirty_days_of_serving_it(capsys):
 def test_a_serve_alone_has_no_training_cost(capsys):
     [sv] = _plan(capsys, EXAMPLES / "serve-v6e8.yaml")
     assert sv["withTraining"] is None and sv["cost"]["at"]["replicas"]["30Days"] > 0
+
+
+def test_a_cpu_serve_is_priced_by_its_vcpus_as_an_estimate(capsys):
+    """The cpu profile has no chip: a replica costs the vCPUs it requests at settings.price_per_vcpu_hour,
+    whose built-in value is a list price the plan marks as an estimate."""
+    [sv] = _plan(capsys, EXAMPLES / "quickstart" / "serve.yaml")
+    settings = OperatorSettings()
+    vcpus = float(settings.resources.cpu_profile_cpu)
+    assert sv["cost"]["chipsPerReplica"] == vcpus
+    assert sv["cost"]["perReplicaHour"] == round(vcpus * settings.price_per_vcpu_hour, 2)
+    assert sv["cost"]["price"]["source"] == "settings.price_per_vcpu_hour, an estimate: set it for your nodes"
+    text = _plan(capsys, EXAMPLES / "quickstart" / "serve.yaml", output="text")
+    assert f"({vcpus:g} vCPUs)" in text and "an estimate" in text
