@@ -88,13 +88,8 @@ class ControlPlane:
             answer = kubernetes.client.CoreV1Api(client).create_namespaced_service_account_token(
                 name, namespace, kubernetes.client.AuthenticationV1TokenRequest(spec=spec)
             )
-        assert answer.status is not None, "a TokenRequest is answered with its token"
-        config = yaml.safe_load(self.kubeconfig.read_text())
-        for user in config["users"]:
-            user["user"] = {"token": answer.status.token}
-        path.write_text(yaml.safe_dump(config))
-        path.chmod(0o600)
-        return path
+        assert answer.status is not None and answer.status.token, "a TokenRequest is answered with its token"
+        return with_token(self.kubeconfig, answer.status.token, path)
 
     def create_namespace(self, name: str, timeout: float = 60) -> None:
         """Create a namespace and wait for its `default` ServiceAccount, without which ServiceAccount
@@ -141,6 +136,17 @@ class ControlPlane:
         if not log.exists():
             return []
         return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def with_token(kubeconfig: Path, token: str, path: Path) -> Path:
+    """A copy of `kubeconfig` at `path` whose users authenticate with `token` (the same server, the same
+    CA), readable by its owner only."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": token}
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
 
 
 # The servers this process started itself (a restarted apiserver): they are reaped here, or their zombies

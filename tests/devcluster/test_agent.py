@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from gemma_devcluster.agent import NodeAgent, failure_action
-from gemma_devcluster.kinds import LOCAL_KINDS
+from gemma_devcluster.agent import NodeAgent
+from gemma_devcluster.client import NodeKube
+from gemma_devcluster.controllers import failure_action
 from gemma_devcluster.kubelet import Node
 from gemma_devcluster.volumes import Mounts, VolumeError, materialize
 from gemma_operator.failure_policy import job_pod_failure_policy
-from gemma_operator.kube import Kube
 from tests.support.cluster import Cluster
 
 NS = "default"
@@ -22,7 +22,7 @@ IMAGE = "local/python"
 
 @pytest_asyncio.fixture
 async def node(apiserver, tmp_path):
-    kube = Kube.from_url(str(apiserver.url), LOCAL_KINDS, user_agent="gemma-tpu-node")
+    kube = NodeKube.local(str(apiserver.url))
     agent = NodeAgent(
         kube,
         apiserver,
@@ -138,17 +138,17 @@ async def test_preemption_exit_is_restarted_without_counting(apiserver, node, tm
 async def test_tpu_pods_are_unschedulable_and_unknown_images_do_not_pull(apiserver, node):
     cluster = Cluster(apiserver)
     await cluster.apply(job("tpu", "pass", extra={"resources": {"limits": {"google.com/tpu": "4"}}}))
-    pod = await cluster.wait_for(lambda: _first_pod_with_status(cluster, "tpu"), message="tpu pod status")
+    pod = await cluster.wait_for(lambda: _first_pod_with(cluster, "tpu", "conditions"), message="tpu pod status")
     cond = pod["status"]["conditions"][0]
     assert cond["status"] == "False" and "Insufficient google.com/tpu" in cond["message"]
     await cluster.apply(job("img", "pass", extra={"image": "vllm/vllm-tpu:gemma4"}))
-    pod = await cluster.wait_for(lambda: _first_pod_with_status(cluster, "img"), message="img pod status")
+    pod = await cluster.wait_for(lambda: _first_pod_with(cluster, "img", "containerStatuses"), message="img status")
     assert pod["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "ErrImagePull"
 
 
-async def _first_pod_with_status(cluster, name):
+async def _first_pod_with(cluster, name, field):
     pods = await pods_of(cluster, name)
-    return pods[0] if pods and (pods[0].get("status") or {}).get("phase") else None
+    return pods[0] if pods and (pods[0].get("status") or {}).get(field) else None
 
 
 async def test_suspending_a_job_stops_its_pod(apiserver, node):
