@@ -70,6 +70,7 @@ class NodeAgent:
         self._kubelet_api: KubeletApi | None = None
         self._port = 0  # of the kubelet endpoint
         self._renewed = self._reported = 0.0
+        self.registered = asyncio.Event()  # set once the Node, its status and its Lease are written
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
@@ -119,6 +120,7 @@ class NodeAgent:
             kept = [t for t in taints if t["key"] != node_status.NOT_READY_TAINT]
             self._node = await self.kube.patch_cluster_scoped("Node", self.name, {"spec": {"taints": kept or None}})
         await self._renew_lease()
+        self.registered.set()
 
     async def _write_node_status(self, conditions: dict | None = None) -> None:
         status = node_status.node_status(self._machine, self._port, now(), conditions)
