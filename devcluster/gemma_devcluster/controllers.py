@@ -148,10 +148,9 @@ class Controllers:
                 {"type": "Failed", "status": "True", "reason": reason, "message": message, "lastTransitionTime": t}
             ]
         elif not active:
-            await self._create_pod(
-                job,
-                {label: meta["name"] for label in JOB_NAME_LABELS} | {"batch.kubernetes.io/job-completion-index": "0"},
-            )  # refused: reported in an Event, tried again at the next step, the Job's status unchanged
+            # A NonIndexed Job's pod: no completion index, as the Job controller makes it.
+            # Refused: reported in an Event, tried again at the next step, the Job's status unchanged.
+            await self._create_pod(job, {label: meta["name"] for label in JOB_NAME_LABELS})
         ready = sum(
             1
             for p in active

@@ -105,6 +105,9 @@ async def test_a_job_pod_is_bound_runs_and_reports_its_result_and_log(backend):
     )
     [pod] = await backend.job_pods("ok")
     assert pod["metadata"]["name"].startswith("ok-") and pod["spec"]["nodeName"] == backend.agent.name
+    labels = pod["metadata"]["labels"]
+    assert labels["batch.kubernetes.io/controller-uid"] == done["metadata"]["uid"]
+    assert "batch.kubernetes.io/job-completion-index" not in labels, "a NonIndexed Job's pod has no index"
     assert pod["status"]["phase"] == "Succeeded"
     assert terminated(pod)["exitCode"] == 0 and terminated(pod)["reason"] == "Completed"
     assert json.loads(terminated(pod)["message"]) == {"status": "succeeded", "step": 1}
