@@ -106,10 +106,12 @@ async def on_server(
     await install.crds(kube)
     await install.operator_identity(kube, docs, settings)
     token_config = await install.operator_kubeconfig(kube, kubeconfig, workdir / "operator.kubeconfig")
+    # Before the node runs anything: an earlier run's server must not get a new pod meanwhile.
+    removed = await install.delete_earlier(kube, docs)
     async with _running(NodeAgent(NodeKube.from_kubeconfig(kubeconfig), None, node, interval=0.25)) as agent:
-        removed = await install.remove_earlier(kube, docs)
         if removed:
-            print(f"deleted what an earlier run left: {', '.join(removed)}", flush=True)
+            print(f"deleting what an earlier run left: {', '.join(removed)}", flush=True)
+            await install.wait_children_gone(kube, docs)
         operator = await operator_process.start(token_config, settings, workdir)
         try:
             yield Cluster(kube, agent, url, kubeconfig, kube.apply, f"the API server at {url}", operator.log_path)

@@ -3,8 +3,10 @@ scheduler, a kubelet or an installer makes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import kubernetes
 
@@ -12,11 +14,37 @@ from gemma_devcluster.kinds import LOCAL_KINDS
 from gemma_operator.kube import ApiError, Kube
 
 NODE_AGENT = "gemma-tpu-node"  # the User-Agent of the node agent's requests
-FIELD_MANAGER = "gemma-tpu-dev"  # the server-side apply field manager of what the demo installs
+FIELD_MANAGER = "gemma-tpu-dev"
+RETRY_PAUSES = (
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+)  # seconds before each new attempt at a transient answer  # the server-side apply field manager of what the demo installs
 
 
 class NodeKube(Kube):
-    """`Kube` over the local kinds (kinds.LOCAL_KINDS), with the node's and the installer's calls."""
+    """`Kube` over the local kinds (kinds.LOCAL_KINDS), with the node's and the installer's calls.
+    A transient answer (429, 5xx, none) is asked again a few times: a real API server answers 429
+    for a moment after a CRD is Established, and restarts."""
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict | None = None,
+        content_type: str = "application/json",
+        raw: bool = False,
+    ) -> Any:
+        for pause in (*RETRY_PAUSES, None):
+            try:
+                return await super()._call(method, path, body, query, content_type, raw)
+            except ApiError as e:
+                if not e.transient or pause is None:
+                    raise
+                await asyncio.sleep(min(e.retry_after or pause, max(RETRY_PAUSES)))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     @classmethod
     def from_kubeconfig(cls, path: Path, user_agent: str = NODE_AGENT) -> NodeKube:

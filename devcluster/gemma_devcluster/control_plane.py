@@ -176,8 +176,15 @@ def start(state: Path, *, audit: bool = False) -> ControlPlane:
         (state / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
         extra = "--audit-policy-file=audit-policy.yaml --audit-log-path=audit.log"
         env["KUBE_APISERVER_ARGS"] = f"{env.get('KUBE_APISERVER_ARGS', '')} {extra}".strip()
+    # In a session of its own, as a cluster's servers are: a Ctrl-C at the terminal stops the program
+    # that started them, which then stops them in order (stop), rather than killing them mid-request.
     done = subprocess.run(
-        [str(folder / "start-control-plane"), str(state)], env=env, capture_output=True, text=True, timeout=180
+        [str(folder / "start-control-plane"), str(state)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        start_new_session=True,
     )
     if done.returncode:
         raise RuntimeError(f"start-control-plane failed ({done.returncode}):\n{done.stderr[-4000:]}")

@@ -247,6 +247,8 @@ async def _demo(
     cluster: backends.Cluster, docs: list[dict], args: argparse.Namespace, stop: asyncio.Event, out: Outcome
 ) -> Outcome:
     """Apply the quickstart, follow it to the served answers, sum up."""
+    if stop.is_set():  # stopped while the cluster was being set up
+        return out
     table = Table()
     started = time.monotonic()
     for doc in docs:

@@ -108,9 +108,8 @@ async def operator_kubeconfig(kube: NodeKube, admin: Path, path: Path) -> Path:
     return with_token(admin, token, path)
 
 
-async def remove_earlier(kube: NodeKube, docs: list[dict], timeout: float = 120) -> list[str]:
-    """Delete the CRs of `docs` left by an earlier run and wait until their children are gone; returns
-    what was deleted."""
+async def delete_earlier(kube: NodeKube, docs: list[dict]) -> list[str]:
+    """Delete the CRs of `docs` an earlier run left; returns what was deleted."""
     deleted = []
     for doc in docs:
         meta = doc["metadata"]
@@ -118,14 +117,17 @@ async def remove_earlier(kube: NodeKube, docs: list[dict], timeout: float = 120)
         if await kube.get(doc["kind"], namespace, meta["name"]) is not None:
             await kube.delete(doc["kind"], namespace, meta["name"])
             deleted.append(f"{doc['kind']}/{meta['name']}")
-    if not deleted:
-        return deleted
+    return deleted
+
+
+async def wait_children_gone(kube: NodeKube, docs: list[dict], timeout: float = 120) -> None:
+    """Wait until the garbage collector has removed what the operator made for the CRs of `docs`
+    (their pods need a node to finalise their deletion: the local node runs meanwhile)."""
     deadline = time.monotonic() + timeout
     while left := await _children(kube, docs):
         if time.monotonic() > deadline:
             raise InstallError(f"an earlier run's objects are still there after {timeout:.0f} s: {', '.join(left)}")
         await asyncio.sleep(0.5)
-    return deleted
 
 
 async def _children(kube: NodeKube, docs: list[dict]) -> list[str]:
