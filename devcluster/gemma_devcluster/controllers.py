@@ -187,7 +187,10 @@ class Controllers:
         room = replicas - len(current) - max(0, len(old) - unavailable - surge)
         refused = None
         for _ in range(max(0, room)):
-            refused = await self._create_pod(dep, {HASH_LABEL: template_hash}) or refused
+            # Named as its ReplicaSet's pods are: <deployment>-<template hash>-<random>.
+            refused = (
+                await self._create_pod(dep, {HASH_LABEL: template_hash}, f"{meta['name']}-{template_hash}") or refused
+            )
         for pod in current[replicas:]:
             await self._delete_pod(pod)
 
@@ -234,7 +237,7 @@ class Controllers:
 
     # ------------------------------------------------------------------ pods
 
-    async def _create_pod(self, owner: dict, extra_labels: dict[str, str]) -> str | None:
+    async def _create_pod(self, owner: dict, extra_labels: dict[str, str], prefix: str | None = None) -> str | None:
         """Create a pod of `owner`; when the API server refuses it, post the controllers' Warning
         Event on the owner and return the API server's message."""
         meta, template = owner["metadata"], owner["spec"]["template"]
@@ -243,7 +246,7 @@ class Controllers:
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "generateName": f"{meta['name'][:52]}-",
+                "generateName": f"{(prefix or meta['name'])[:52]}-",
                 "namespace": meta["namespace"],
                 "labels": {**(pod_meta.get("labels") or {}), **extra_labels},
                 "annotations": dict(pod_meta.get("annotations") or {}),

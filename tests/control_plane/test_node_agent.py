@@ -13,6 +13,7 @@ in what these tests see, one of the two is wrong.
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 import uuid
 from dataclasses import dataclass
@@ -197,7 +198,9 @@ async def test_a_deployment_gets_ready_behind_its_probe_and_rolls_to_a_new_pod(b
 
     dep, pod = await wait_for(lambda: ready("1"), message="Deployment ready")
     assert condition(dep, "Available")["status"] == "True"
-    assert pod["metadata"]["name"].startswith("web-") and pod["spec"]["nodeName"] == backend.agent.name
+    # A ReplicaSet's pod: <deployment>-<pod-template-hash>-<random> (pkg/controller/replicaset).
+    assert pod["metadata"]["name"].startswith(f"web-{pod['metadata']['labels']['pod-template-hash']}-")
+    assert pod["spec"]["nodeName"] == backend.agent.name
     port = int(pod["metadata"]["annotations"]["gemma-tpu.dev/host-port"])
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
         assert response.status == 200, "the container port is served on the pod's host port"
@@ -228,7 +231,7 @@ async def test_a_suspended_job_has_its_pod_stopped_and_deleted(backend):
     assert local is not None and local.exit_code() == 143, "its process was stopped by SIGTERM (128 + 15)"
 
 
-async def test_a_refused_pod_is_reported_in_the_controllers_event(backend):
+async def test_refused_pods_are_reported_as_the_controllers_report_them(backend):
     refused = job("nosa", "pass", namespace=backend.namespace)
     refused["spec"]["template"]["spec"]["serviceAccountName"] = "missing"
     created = await backend.kube.create(refused)
@@ -248,6 +251,24 @@ async def test_a_refused_pod_is_reported_in_the_controllers_event(backend):
         'serviceaccount "missing" not found'
     )
     assert found.hint and f"create ServiceAccount {backend.namespace}/missing" in found.hint
+
+    container = {"name": "web", "image": IMAGE, "command": ["python", "-c", "pass"]}
+    refused_server = deployment("nosa-web", container, namespace=backend.namespace)
+    refused_server["spec"]["template"]["spec"]["serviceAccountName"] = "missing"
+    await backend.kube.create(refused_server)
+
+    async def replica_failure():
+        current = await backend.kube.get("Deployment", backend.namespace, "nosa-web")
+        return pod_creation.refusal(current, [], [])
+
+    # The ReplicaSet's ReplicaFailure condition, which the deployment controller copies (deployment/sync.go).
+    found = await wait_for(replica_failure, message="the Deployment's ReplicaFailure condition")
+    assert (found.kind, found.name) == ("Deployment", "nosa-web")
+    assert re.fullmatch(
+        f'pods "nosa-web-[0-9a-z]+-" is forbidden: error looking up service account {backend.namespace}/missing: '
+        'serviceaccount "missing" not found',
+        found.message,
+    ), found.message
 
 
 async def test_a_crashing_server_restarts_in_place_and_an_unknown_image_does_not_pull(backend):
