@@ -10,7 +10,7 @@ PIP_FILTER = 2>&1 | (grep -v "is ignored: it is neither a file nor a directory" 
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 
-.PHONY: demo test test-fast test-control-plane test-sweep lint venv vllm-venv lock crds manifests images push clean
+.PHONY: demo demo-real test test-fast test-control-plane test-sweep lint venv vllm-venv lock crds manifests images push clean
 
 # Every environment installs from its hashed lock in locks/ (`make lock`): each package at the
 # version and with the sha256 recorded there, no dependency resolved again (--no-deps), torch as
@@ -54,6 +54,12 @@ $(LOCK_VENV)/.installed: locks/uv.txt
 
 demo: venv vllm-venv
 	$(VENV)/bin/gemma-tpu dev --vllm-python $(VLLM_VENV)/bin/python $(DEMO_ARGS)
+
+# The same demo on a real kube-apiserver and kube-controller-manager, started for it and stopped after it
+# (the binaries from GEMMA_K8S_DIR, else ../shared/k8s; etcd from the `test` extra): the real Job,
+# ReplicaSet and Deployment controllers make the pods, the local node runs them.
+demo-real: venv vllm-venv
+	$(VENV)/bin/gemma-tpu dev --real --vllm-python $(VLLM_VENV)/bin/python $(DEMO_ARGS)
 
 # Two workers: compiling XLA programs, most of a test's time here, takes one core.
 TEST_WORKERS ?= 2

@@ -1,12 +1,14 @@
-"""The local pipeline's wall time: apply -> served answer, per phase, as `make demo` runs it.
+"""The local pipeline's wall time: apply -> served answer, per phase, as `make demo` runs it, on the
+in-process API or on a real control plane (`make demo-real`), or both one after the other.
 
-    python benchmarks/demo_pipeline.py [--vllm-python .venv-vllm/bin/python]
+    python benchmarks/demo_pipeline.py [--vllm-python .venv-vllm/bin/python] [--backend in-process|real|both]
 
 Runs `gemma-tpu dev` in a fresh folder (so nothing is reused from an earlier run) and prints the
 time each resource spent in each phase, the total from apply to the served answers, how many
 of the fine-tuned model's answers are right, and what the serving benchmark (spec.benchmark of
 the quick start) adds to the rollout: the time from Ready until its figures are in the status
-(the service is Ready and answers meanwhile), and the figures.
+(the service is Ready and answers meanwhile), and the figures. Each run starts with the machine's
+load average (1 and 5 minutes), since on a shared machine that decides much of the time.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import io
+import os
 import tempfile
 from pathlib import Path
 
@@ -22,27 +25,30 @@ from gemma_devcluster import dev
 from gemma_operator import benchmark_results
 
 ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = {"in-process": False, "real": True}  # name -> `gemma-tpu dev --real`
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
-    opts = parser.parse_args()
+def measure(vllm_python: str, real: bool) -> dev.Outcome:
     with tempfile.TemporaryDirectory() as tmp:
         args = argparse.Namespace(
             workdir=tmp,
             examples=str(ROOT / "examples" / "quickstart"),
-            vllm_python=opts.vllm_python,
+            vllm_python=vllm_python,
             port=0,
+            kubeconfig=None,
+            real=real,
             timeout=900,
             keep_running=False,
         )
         with contextlib.redirect_stdout(io.StringIO()):
-            out = asyncio.run(dev.run(args, asyncio.Event()))
-    print(f"{'resource':<34} {'phase':<16} {'seconds':>8}")
-    for name, phase, seconds in out.phases:
+            return asyncio.run(dev.run(args, asyncio.Event()))
+
+
+def report(name: str, out: dev.Outcome) -> None:
+    print(f"{'resource':<34} {'phase':<16} {'seconds':>8}   ({name})")
+    for resource, phase, seconds in out.phases:
         if phase != "-":
-            print(f"{name:<34} {phase:<16} {seconds:8.1f}")
+            print(f"{resource:<34} {phase:<16} {seconds:8.1f}")
     print(f"{'apply -> served answers':<51} {out.total_seconds:8.1f}")
     right = sum(a.correct for a in out.answers)
     print(f"answers of the fine-tuned model right: {right}/{len(out.answers)}")
@@ -51,6 +57,17 @@ def main() -> None:
         print(f"{'Ready -> benchmark figures in status':<51} {out.benchmark_seconds:8.1f}")
         print(f"{'  of which the benchmark itself (vllm bench serve)':<51} {b.get('durationSeconds', 0):8.1f}")
         print(f"benchmark: {b['state']}: {benchmark_results.describe(b) or b.get('message')}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--backend", choices=[*BACKENDS, "both"], default="in-process")
+    opts = parser.parse_args()
+    for name in BACKENDS if opts.backend == "both" else [opts.backend]:
+        one, five, _ = os.getloadavg()
+        print(f"\n{name}: load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} CPUs before the run")
+        report(name, measure(opts.vllm_python, BACKENDS[name]))
 
 
 if __name__ == "__main__":

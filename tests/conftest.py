@@ -65,6 +65,8 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "control_plane" in getattr(item, "fixturenames", ()):
             item.add_marker(MARK)
+        if item.get_closest_marker(MARK):  # its reports carry it: a keyword would also match the folder's name
+            item.user_properties.append(("tier", MARK))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -72,7 +74,7 @@ def pytest_terminal_summary(terminalreporter):
     counts: dict[str, int] = {}
     for outcome in ("passed", "failed", "skipped", "error"):
         for report in terminalreporter.stats.get(outcome, []):
-            if MARK in getattr(report, "keywords", {}) and report.when in ("call", "setup"):
+            if ("tier", MARK) in getattr(report, "user_properties", ()) and report.when in ("call", "setup"):
                 if outcome == "passed" and report.when != "call":
                     continue
                 counts[outcome] = counts.get(outcome, 0) + 1

@@ -1,119 +1,80 @@
-"""The local node agent: the Job and Deployment controllers and the kubelet of a one-node cluster.
+"""The local node agent: one node of the API server it is given, with that node's scheduler and kubelet.
 
-It works through the same API as everything else (lists, creates, patches /status), so the
-operator sees what it would see on a cluster: pods appear, run, finish with exit codes and
-termination messages; Jobs complete or fail by their podFailurePolicy and backoffLimit;
-Deployments roll out and report ready replicas. Pods asking for TPUs stay Pending, unschedulable.
-A pod the API server refuses (a missing ServiceAccount, say) is reported as those controllers
-report it: a Warning Event `FailedCreate` on the owner, and on a Deployment the ReplicaFailure
-condition its ReplicaSet would carry (there are no ReplicaSets here).
+- The node: it registers a Node (this machine's CPUs, memory and disk, no TPU), renews its Lease in
+  kube-node-lease as the kubelet does, and marks itself gone when it stops.
+- The scheduler: it binds the pending pods it can run through their `pods/binding` subresource (there
+  is no other scheduler), and leaves the others Pending with the reason kube-scheduler gives
+  (scheduling.py: a pod asking for TPUs, or for a TPU node pool).
+- The kubelet: it runs each pod bound to it as local processes (kubelet.py), probes it, restarts it in
+  place where its restartPolicy says so, writes its status as the kubelet does, and finalises its
+  deletion: the containers stopped within the grace period, the last status written, then the pod
+  deleted with grace period 0.
+
+On the in-process API (`apiserver` given) it also plays the Job and Deployment controllers
+(controllers.py) and hands the pods' logs to that API. On a real API server the real controllers run,
+and the API server reads pod logs from the node's kubelet endpoint (kubelet_api.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import time
 from typing import Any
 
-from gemma_devcluster import services
-from gemma_devcluster.kubelet import (
-    LocalPod,
-    Node,
-    PodStartError,
-    log_text,
-    unschedulable,
-    waiting_status,
-)
-from gemma_operator.clock import now, parse_time, timestamp
-from gemma_operator.kube import ApiError, Kube
+from gemma_devcluster import node_status, scheduling, services
+from gemma_devcluster.client import NodeKube
+from gemma_devcluster.controllers import Controllers
+from gemma_devcluster.kubelet import LocalPod, Node, PodStartError, addresses, log_text, waiting_status
+from gemma_devcluster.kubelet_api import KubeletApi
+from gemma_operator.clock import now, timestamp
+from gemma_operator.kube import ApiError
 
 log = logging.getLogger("gemma_devcluster")
 
-JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
-HASH_LABEL = "pod-template-hash"
-# The reason Job, ReplicaSet and StatefulSet controllers give a pod the API server refused
-# (kubernetes pkg/controller/controller_utils.go, FailedCreatePodReason).
-FAILED_CREATE = "FailedCreate"
-
-
-def _cond(obj: dict, type_: str) -> dict | None:
-    return next(
-        (
-            c
-            for c in (obj.get("status") or {}).get("conditions") or []
-            if c.get("type") == type_ and c.get("status") == "True"
-        ),
-        None,
-    )
-
-
-def failure_action(policy: dict | None, pod: dict) -> tuple[str, int | None]:
-    """(action, rule index) of a Job's podFailurePolicy for a failed pod; ("Count", None) if none matches."""
-    terminated: dict[str, Any] = next(
-        (
-            cs["state"]["terminated"]
-            for cs in pod["status"].get("containerStatuses") or []
-            if "terminated" in cs.get("state", {})
-        ),
-        {},
-    )
-    code = terminated.get("exitCode")
-    for i, rule in enumerate((policy or {}).get("rules") or []):
-        on = rule.get("onExitCodes")
-        if on and code is not None and (code in on["values"]) == (on["operator"] == "In"):
-            return rule["action"], i
-        for pattern in rule.get("onPodConditions") or []:
-            if any(
-                c["type"] == pattern["type"] and c["status"] == pattern.get("status", "True")
-                for c in pod["status"].get("conditions") or []
-            ):
-                return rule["action"], i
-    return "Count", None
-
-
-def _failures(policy: dict | None, pods: list[dict]) -> tuple[int, tuple[str, str] | None]:
-    """(failed pods counted against the backoff limit, the (reason, message) of a FailJob rule that matched)."""
-    counted, verdict = 0, None
-    for pod in pods:
-        if (pod.get("status") or {}).get("phase") != "Failed":
-            continue
-        action, index = failure_action(policy, pod)
-        if action == "FailJob":
-            verdict = ("PodFailurePolicy", _failure_message(pod, action, index))
-        elif action == "Count":
-            counted += 1
-    return counted, verdict
-
-
-def _failure_message(pod: dict, action: str, index: int | None) -> str:
-    meta = pod["metadata"]
-    terminated = next(
-        (cs for cs in pod["status"].get("containerStatuses") or [] if "terminated" in cs.get("state", {})), None
-    )
-    if terminated:
-        code = terminated["state"]["terminated"]["exitCode"]
-        return (
-            f"Container {terminated['name']} for pod {meta['namespace']}/{meta['name']} failed with exit code "
-            f"{code} matching {action} rule at index {index}"
-        )
-    return (
-        f"Pod {meta['namespace']}/{meta['name']} has condition DisruptionTarget matching {action} rule at index {index}"
-    )
+NODE_NAME = "gemma-local-node"
+# The kubelet's words for a container it has no trace of (pkg/kubelet/kubelet_pods.go): here, a pod an
+# earlier run of the agent started.
+LOST = {
+    "exitCode": 137,
+    "reason": "ContainerStatusUnknown",
+    "message": "The container could not be located when the pod was terminated",
+}
 
 
 class NodeAgent:
-    def __init__(self, kube: Kube, apiserver: Any, node: Node, interval: float = 0.2) -> None:
+    def __init__(
+        self,
+        kube: NodeKube,
+        apiserver: Any | None,
+        node: Node,
+        interval: float = 0.2,
+        *,
+        name: str = NODE_NAME,
+        namespaces: list[str] | None = None,
+    ) -> None:
+        """`apiserver`: the in-process API this agent runs against, or None for a real API server.
+        `namespaces`: schedule only the pods of these (every namespace when None)."""
         self.kube, self.apiserver, self.node, self.interval = kube, apiserver, node, interval
-        self.pods: dict[tuple[str, str], LocalPod] = {}
-        self._seen: set[str] = set()  # uids of pods this node has taken care of
-        self._last_status: dict[tuple[str, str], str] = {}
+        self.name, self.namespaces = name, namespaces
+        self.controllers = Controllers(kube) if apiserver is not None else None
+        self.pods: dict[str, LocalPod] = {}  # by pod uid: the pods whose containers this node runs
+        self._settled: set[str] = set()  # uids of pods this node has started or found lost: never again
+        self._fixed: dict[str, dict] = {}  # by uid: the status of a pod this node cannot run, until written
+        self._terminating: dict[str, asyncio.Task] = {}  # uids of pods being finalised
+        self._last_status: dict[str, str] = {}
+        self._machine = node_status.machine(node.workdir)
+        self._node: dict[str, Any] = {}  # the Node as registered
+        self._kubelet_api: KubeletApi | None = None
+        self._port = 0  # of the kubelet endpoint
+        self._renewed = self._reported = 0.0
+        self.registered = asyncio.Event()  # set once the Node, its status and its Lease are written
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
+            await self.register()
             while not stop.is_set():
                 try:
                     await self.step()
@@ -125,44 +86,124 @@ class NodeAgent:
             await self.shutdown()
 
     async def shutdown(self) -> None:
-        """Stop every process this node started (SIGTERM, then SIGKILL after a short grace)."""
+        """Stop every process this node started (SIGTERM, then SIGKILL after a short grace), then say
+        the node is gone, as the node lifecycle controller would once its Lease expired."""
         pods, self.pods = list(self.pods.values()), {}
         await asyncio.gather(*(asyncio.to_thread(p.stop, 5) for p in pods))
+        if self._kubelet_api is not None:
+            await self._kubelet_api.stop()
+        if self._node:
+            with contextlib.suppress(ApiError):
+                await self._write_node_status(node_status.gone_conditions())
+
+    def local_pod(self, namespace: str, name: str) -> LocalPod | None:
+        """The pod of that name this node runs, if any (the kubelet endpoint's lookup)."""
+        return next((p for p in self.pods.values() if (p.namespace, p.name) == (namespace, name)), None)
+
+    # ------------------------------------------------------------------ the node
+
+    async def register(self) -> None:
+        """Register the Node (or take over the one of that name), its status, its Lease."""
+        if self.apiserver is None and self._kubelet_api is None:  # a real API server reads pod logs from the node
+            self._kubelet_api = KubeletApi(self.local_pod, self.node.workdir / "kubelet", self.name)
+            self._port = await self._kubelet_api.start()
+        wanted = node_status.node_object(self.name, self._machine)
+        try:
+            self._node = await self.kube.create(wanted)
+        except ApiError as e:
+            if e.status != 409:
+                raise
+            self._node = await self.kube.patch_cluster_scoped("Node", self.name, {"metadata": wanted["metadata"]})
+        await self._write_node_status()
+        taints = (self._node.get("spec") or {}).get("taints") or []
+        if any(t["key"] == node_status.NOT_READY_TAINT for t in taints):  # the node is Ready now
+            kept = [t for t in taints if t["key"] != node_status.NOT_READY_TAINT]
+            self._node = await self.kube.patch_cluster_scoped("Node", self.name, {"spec": {"taints": kept or None}})
+        await self._renew_lease()
+        self.registered.set()
+
+    async def _write_node_status(self, conditions: dict | None = None) -> None:
+        status = node_status.node_status(self._machine, self._port, now(), conditions)
+        self._node = await self.kube.patch_status("Node", None, self.name, status)
+        self._reported = time.monotonic()
+
+    async def _renew_lease(self) -> None:
+        lease = node_status.lease(self.name, self._node["metadata"]["uid"], now())
+        try:
+            await self.kube.create(lease)
+        except ApiError as e:
+            if e.status != 409:
+                raise
+            await self.kube.patch("Lease", node_status.LEASE_NAMESPACE, self.name, {"spec": lease["spec"]})
+        self._renewed = time.monotonic()
+
+    async def _heartbeat(self) -> None:
+        if time.monotonic() - self._renewed >= node_status.RENEW_SECONDS:
+            await self._renew_lease()
+        if time.monotonic() - self._reported >= node_status.REPORT_SECONDS:
+            await self._write_node_status()
+
+    # ------------------------------------------------------------------ one pass
 
     async def step(self) -> None:
-        pods = await self.kube.list("Pod", None)
-        await self._kubelet(pods)
-        by_owner: dict[str, list[dict]] = {}
+        pods = await self._pods()
         for pod in pods:
-            for ref in pod["metadata"].get("ownerReferences") or []:
-                by_owner.setdefault(ref["uid"], []).append(pod)
-        for job in await self.kube.list("Job", None):
-            await self._job(job, by_owner.get(job["metadata"]["uid"], []))
-        for dep in await self.kube.list("Deployment", None):
-            await self._deployment(dep, by_owner.get(dep["metadata"]["uid"], []))
+            if scheduling.schedules(pod):
+                await self._schedule(pod)
+        await self._kubelet([p for p in pods if p["spec"].get("nodeName") == self.name])
+        if self.controllers is not None:
+            await self.controllers.step(pods)
+        await self._heartbeat()
+
+    async def _pods(self) -> list[dict]:
+        if self.namespaces is None:
+            return await self.kube.list("Pod", None)
+        return [p for ns in self.namespaces for p in await self.kube.list("Pod", ns)]
+
+    # ------------------------------------------------------------------ scheduler
+
+    async def _schedule(self, pod: dict) -> None:
+        uid = pod["metadata"]["uid"]
+        why = scheduling.fit_error(pod, self._node)
+        if why is None:
+            try:
+                await self.kube.bind(pod, self.name)
+            except ApiError as e:
+                if e.status not in (404, 409):  # deleted meanwhile, or bound by someone else
+                    raise
+        else:
+            condition = scheduling.unschedulable_condition(why, timestamp(now()))
+            old = self._fixed.get(uid, {}).get("conditions", [{}])[0]
+            if old.get("message") != why:  # the reason changed (or was never written): now
+                self._fixed[uid] = {"conditions": [condition]}
+            await self._set_status(pod, self._fixed[uid])
 
     # ------------------------------------------------------------------ kubelet
 
     async def _kubelet(self, pods: list[dict]) -> None:
-        present = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods}
-        for key in [k for k in self.pods if k not in present]:  # deleted: stop within its grace period
-            local = self.pods.pop(key)
-            asyncio.create_task(asyncio.to_thread(local.stop, 10))
+        present = {p["metadata"]["uid"] for p in pods}
+        for uid in [u for u in self.pods if u not in present and u not in self._terminating]:
+            local = self.pods.pop(uid)  # deleted at once (no grace): stop within the pod's own
+            asyncio.create_task(asyncio.to_thread(local.stop, local.grace))
         for pod in pods:
             meta = pod["metadata"]
-            key = (meta["namespace"], meta["name"])
-            if meta["uid"] not in self._seen and not (pod.get("status") or {}).get("phase"):
-                self._seen.add(meta["uid"])
+            uid, phase = meta["uid"], (pod.get("status") or {}).get("phase")
+            if meta.get("deletionTimestamp"):
+                self._terminate(pod)
+            elif uid in self.pods:
+                await self._tend(pod, self.pods[uid])
+            elif uid in self._fixed:  # rewritten until written (a 409 answer leaves it for later)
+                await self._set_status(pod, self._fixed[uid])
+            elif uid not in self._settled and phase in (None, "Pending"):
+                self._settled.add(uid)
                 await self._start(pod)
-            elif key in self.pods:
-                await self._tend(pod, self.pods[key])
+            elif uid not in self._settled and phase == "Running":
+                self._settled.add(uid)
+                await self._lost(pod)
 
     async def _start(self, pod: dict) -> None:
         meta = pod["metadata"]
-        container = pod["spec"]["containers"][0]["name"]
-        if why := unschedulable(pod):
-            await self._set_status(pod, waiting_status(container, "Unschedulable", why, scheduled=False))
-            return
+        container = pod["spec"]["containers"][0]
         config_maps, secrets_ = await self._config(pod)
         routes = services.routes(
             await self.kube.list("Service", meta["namespace"]), await self.kube.list("Pod", meta["namespace"])
@@ -170,21 +211,21 @@ class NodeAgent:
         try:
             local = await asyncio.to_thread(LocalPod.start, pod, self.node, config_maps, secrets_, routes)
         except PodStartError as e:
-            await self._set_status(pod, waiting_status(container, e.reason, str(e)))
+            self._fixed[meta["uid"]] = waiting_status(container, e.reason, str(e))
+            await self._set_status(pod, self._fixed[meta["uid"]])
             return
-        self.pods[(meta["namespace"], meta["name"])] = local
+        self.pods[meta["uid"]] = local
         if local.host_port:
-            await self.kube.patch(
-                "Pod",
-                meta["namespace"],
-                meta["name"],
-                {"metadata": {"annotations": {"gemma-tpu.dev/host-port": str(local.host_port)}}},
+            annotations = {"gemma-tpu.dev/host-port": str(local.host_port)}
+            pod = await self.kube.patch(
+                "Pod", meta["namespace"], meta["name"], {"metadata": {"annotations": annotations}}
             )
         await self._set_status(pod, local.status())
 
     async def _tend(self, pod: dict, local: LocalPod) -> None:
-        """Probes, restarts of Deployment pods, logs and status of a running pod."""
-        self.apiserver.pod_logs[(local.namespace, local.name)] = log_text(local)
+        """Probes, restarts in place, logs and status of a pod this node runs."""
+        if self.apiserver is not None:
+            self.apiserver.pod_logs[(local.namespace, local.name)] = log_text(local)
         code = local.exit_code()
         if code is None and not local.ready:
             local.ready = bool(await asyncio.to_thread(local.probe, "readinessProbe"))
@@ -194,11 +235,59 @@ class NodeAgent:
                 local.status()  # fix the terminated state the back-off reports as lastState
                 local.restart_at = time.monotonic() + min(300, 10 * 2**local.restarts)
             elif time.monotonic() >= local.restart_at:
-                restarted = await asyncio.to_thread(LocalPod.start, pod, self.node, *await self._config(pod))
-                restarted.restarts = local.restarts + 1
-                self.pods[(local.namespace, local.name)] = restarted
-                local = restarted
+                restarted = await asyncio.to_thread(local.restarted, pod, self.node, *await self._config(pod))
+                self.pods[local.uid] = local = restarted
         await self._set_status(pod, local.status())
+
+    async def _lost(self, pod: dict) -> None:
+        """A running pod of this node that this agent never started: its container is gone, the pod failed."""
+        container = pod["spec"]["containers"][0]
+        t = timestamp(now())
+        terminated = {**LOST, "startedAt": t, "finishedAt": t}
+        status = {
+            "phase": "Failed",
+            **addresses((pod.get("status") or {}).get("startTime") or t),
+            "containerStatuses": [
+                {
+                    "name": container["name"],
+                    "ready": False,
+                    "started": False,
+                    "restartCount": 0,
+                    "state": {"terminated": terminated},
+                    "image": container["image"],
+                    "imageID": "",
+                }
+            ],
+        }
+        self._fixed[pod["metadata"]["uid"]] = status
+        await self._set_status(pod, status)
+
+    def _terminate(self, pod: dict) -> None:
+        uid = pod["metadata"]["uid"]
+        if uid not in self._terminating:
+            self._terminating[uid] = asyncio.create_task(self._finalise(pod, self.pods.get(uid)))
+
+    async def _finalise(self, pod: dict, local: LocalPod | None) -> None:
+        """A pod being deleted: its containers stopped within the grace period, its last status
+        written (a terminal phase, which the Job controller waits for), then the pod deleted for good."""
+        meta = pod["metadata"]
+        try:
+            if local is not None:
+                grace = float(meta.get("deletionGracePeriodSeconds", local.grace))
+                await asyncio.to_thread(local.stop, grace)
+                local.restart_at = None
+                status = local.status()
+                if status["phase"] == "Running":  # stopped before the back-off ended: it failed
+                    status["phase"] = "Failed"
+                fresh = await self.kube.get("Pod", meta["namespace"], meta["name"])
+                if fresh is not None and fresh["metadata"]["uid"] == meta["uid"]:
+                    await self._set_status(fresh, status)
+            await self.kube.delete_now(pod)
+        except ApiError as e:
+            log.warning("node agent: finalising pod %s/%s: %s", meta["namespace"], meta["name"], e)
+            self._terminating.pop(meta["uid"], None)  # tried again at the next pass
+        finally:
+            self.pods.pop(meta["uid"], None)
 
     async def _config(self, pod: dict) -> tuple[dict, dict]:
         ns = pod["metadata"]["namespace"]
@@ -208,217 +297,21 @@ class NodeAgent:
         )
 
     async def _set_status(self, pod: dict, status: dict) -> None:
-        key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
-        text = json.dumps(status, sort_keys=True)
-        if self._last_status.get(key) == text:
-            return
-        self._last_status[key] = text
-        try:
-            await self.kube.patch("Pod", *key, {"status": status}, status=True)
-        except ApiError as e:
-            if e.status != 404:
-                raise
-
-    # ------------------------------------------------------------------ Job controller
-
-    async def _job(self, job: dict, pods: list[dict]) -> None:
-        meta, spec = job["metadata"], job["spec"]
-        if _cond(job, "Complete") or _cond(job, "Failed"):
-            for pod in pods:
-                if (pod.get("status") or {}).get("phase") in ("Pending", "Running"):
-                    await self._delete_pod(pod)
-            return
-        active = [p for p in pods if (p.get("status") or {}).get("phase") in (None, "Pending", "Running")]
-        status: dict[str, Any] = {"startTime": (job.get("status") or {}).get("startTime") or timestamp(now())}
-        if spec.get("suspend"):
-            for pod in active:
-                await self._delete_pod(pod)
-            status.update(
-                active=0, ready=0, conditions=[{"type": "Suspended", "status": "True", "reason": "JobSuspended"}]
-            )
-            status.pop("startTime")  # a resumed Job starts again
-            await self._job_status(job, status)
-            return
-        counted, verdict = _failures(spec.get("podFailurePolicy"), pods)
-        succeeded = sum((p.get("status") or {}).get("phase") == "Succeeded" for p in pods)
-        t = timestamp(now())
-        if succeeded:
-            status.update(
-                completionTime=t,
-                conditions=[
-                    {
-                        "type": "SuccessCriteriaMet",
-                        "status": "True",
-                        "reason": "CompletionsReached",
-                        "lastTransitionTime": t,
-                    },
-                    {"type": "Complete", "status": "True", "reason": "CompletionsReached", "lastTransitionTime": t},
-                ],
-            )
-        elif verdict or counted > int(spec.get("backoffLimit", 6)):
-            reason, message = verdict or ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
-            status["conditions"] = [
-                {"type": "Failed", "status": "True", "reason": reason, "message": message, "lastTransitionTime": t}
-            ]
-        elif not active:
-            await self._create_pod(
-                job,
-                {label: meta["name"] for label in JOB_NAME_LABELS} | {"batch.kubernetes.io/job-completion-index": "0"},
-            )  # refused: reported in an Event, tried again at the next step, the Job's status unchanged
-        ready = sum(
-            1
-            for p in active
-            if any(
-                c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or []
-            )
-        )
-        status.update(
-            active=len(active) if not status.get("conditions") else 0, ready=ready, succeeded=succeeded, failed=counted
-        )
-        await self._job_status(job, status)
-
-    async def _job_status(self, job: dict, status: dict) -> None:
-        current = job.get("status") or {}
-        if all(current.get(k) == v for k, v in status.items()):
-            return
-        await self.kube.patch(
-            "Job", job["metadata"]["namespace"], job["metadata"]["name"], {"status": status}, status=True
-        )
-
-    # ------------------------------------------------------------------ Deployment controller
-
-    async def _deployment(self, dep: dict, pods: list[dict]) -> None:
-        meta, spec = dep["metadata"], dep["spec"]
-        template_hash = hashlib.sha256(json.dumps(spec["template"], sort_keys=True).encode()).hexdigest()[:10]
-        replicas = int(spec.get("replicas", 1))
-        live = [p for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
-        current = [p for p in live if p["metadata"].get("labels", {}).get(HASH_LABEL) == template_hash]
-        old = [p for p in live if p not in current]
-        rolling = (spec.get("strategy") or {}).get("rollingUpdate") or {}
-        surge, unavailable = int(rolling.get("maxSurge", 0)), max(1, int(rolling.get("maxUnavailable", 1)))
-        for pod in old[:unavailable]:  # replace in place: an old pod goes before its successor starts
-            await self._delete_pod(pod)
-        room = replicas - len(current) - max(0, len(old) - unavailable - surge)
-        refused = None
-        for _ in range(max(0, room)):
-            refused = await self._create_pod(dep, {HASH_LABEL: template_hash}) or refused
-        for pod in current[replicas:]:
-            await self._delete_pod(pod)
-
-        def ready(p: dict) -> bool:
-            return any(
-                c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or []
-            )
-
-        ready_count = sum(ready(p) for p in live)
-        updated_ready = sum(ready(p) for p in current)
-        deadline = int(spec.get("progressDeadlineSeconds", 600))
-        started = min((t for p in current if (t := parse_time(p["metadata"].get("creationTimestamp")))), default=None)
-        if current and updated_ready >= replicas:
-            progressing = {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}
-        elif started and (now() - started).total_seconds() > deadline:
-            progressing = {
-                "type": "Progressing",
-                "status": "False",
-                "reason": "ProgressDeadlineExceeded",
-                "message": f'ReplicaSet "{meta["name"]}-{template_hash}" has timed out progressing.',
-            }
-        else:
-            progressing = {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}
-        status = {
-            "observedGeneration": meta.get("generation", 1),
-            "replicas": len(live),
-            "updatedReplicas": len(current),
-            "readyReplicas": ready_count,
-            "availableReplicas": ready_count,
-            "conditions": [
-                {
-                    "type": "Available",
-                    "status": str(ready_count >= max(1, replicas - unavailable) if replicas else True),
-                },
-                progressing,
-            ],
-        }
-        if refused:  # what the deployment controller copies from its ReplicaSet (deployment/sync.go)
-            status["conditions"].append(
-                {"type": "ReplicaFailure", "status": "True", "reason": FAILED_CREATE, "message": refused}
-            )
-        if {k: (dep.get("status") or {}).get(k) for k in status} != status:
-            await self.kube.patch("Deployment", meta["namespace"], meta["name"], {"status": status}, status=True)
-
-    # ------------------------------------------------------------------ pods
-
-    async def _create_pod(self, owner: dict, extra_labels: dict[str, str]) -> str | None:
-        """Create a pod of `owner`; when the API server refuses it, post the controllers' Warning
-        Event on the owner and return the API server's message."""
-        meta, template = owner["metadata"], owner["spec"]["template"]
-        pod_meta = template.get("metadata") or {}
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "generateName": f"{meta['name'][:52]}-",
-                "namespace": meta["namespace"],
-                "labels": {**(pod_meta.get("labels") or {}), **extra_labels},
-                "annotations": dict(pod_meta.get("annotations") or {}),
-                "ownerReferences": [
-                    {
-                        "apiVersion": owner["apiVersion"],
-                        "kind": owner["kind"],
-                        "name": meta["name"],
-                        "uid": meta["uid"],
-                        "controller": True,
-                    }
-                ],
-            },
-            "spec": template["spec"],
-        }
-        try:
-            await self.kube.create(pod)
-        except ApiError as e:
-            if e.status not in (403, 422):
-                raise
-            await self._failed_create_event(owner, f"Error creating: {e.message}")
-            return e.message
-        return None
-
-    async def _failed_create_event(self, owner: dict, message: str) -> None:
-        """The controller's Warning Event on the owner; the same refusal again is the same Event
-        (the API server's event correlator counts repeats instead of adding Events)."""
-        meta = owner["metadata"]
-        key = hashlib.sha256(f"{meta['uid']}/{message}".encode()).hexdigest()[:16]
-        t = timestamp(now())
-        controller = {"Job": "job-controller", "Deployment": "replicaset-controller"}.get(owner["kind"], "controller")
-        try:
-            await self.kube.create(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Event",
-                    "metadata": {"name": f"{meta['name']}.{key}", "namespace": meta["namespace"]},
-                    "involvedObject": {
-                        "apiVersion": owner["apiVersion"],
-                        "kind": owner["kind"],
-                        "name": meta["name"],
-                        "namespace": meta["namespace"],
-                        "uid": meta["uid"],
-                    },
-                    "type": "Warning",
-                    "reason": FAILED_CREATE,
-                    "message": message,
-                    "count": 1,
-                    "firstTimestamp": t,
-                    "lastTimestamp": t,
-                    "source": {"component": controller},
-                }
-            )
-        except ApiError as e:
-            if e.status != 409:
-                raise
-
-    async def _delete_pod(self, pod: dict) -> None:
+        """Write the pod's status where it changed, keeping the conditions others own (PodScheduled,
+        DisruptionTarget). The write names the resourceVersion read: a pod changed meanwhile answers
+        409 and is written at the next pass, from what it is then."""
         meta = pod["metadata"]
-        await self.kube.delete("Pod", meta["namespace"], meta["name"])
-        local = self.pods.pop((meta["namespace"], meta["name"]), None)
-        if local:
-            grace = float(pod["spec"].get("terminationGracePeriodSeconds", 30))
-            asyncio.create_task(asyncio.to_thread(local.stop, grace))
+        mine = {c["type"] for c in status.get("conditions") or []}
+        others = [c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] not in mine]
+        status = {**status, "conditions": [*(status.get("conditions") or []), *others]}
+        text = json.dumps(status, sort_keys=True)
+        if self._last_status.get(meta["uid"]) == text:
+            return
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}
+        try:
+            await self.kube.patch("Pod", meta["namespace"], meta["name"], patch, status=True)
+        except ApiError as e:
+            if e.status not in (404, 409):
+                raise
+            return
+        self._last_status[meta["uid"]] = text

@@ -172,6 +172,8 @@ class ApiServer(kmock.KubernetesScaffold):
             if request.resource is not None and request.resource in self._kinds
             else None
         )
+        if request.method == kmock.method.POST and request.subresource == "binding" and request.name:
+            handler = self._bind
         if handler is None and request.url.path.startswith(OPENAPI_V3):
             return await kmock.Response(payload=self._openapi(request.url.path.removeprefix(OPENAPI_V3)))(request)
         if handler is None:
@@ -246,7 +248,8 @@ class ApiServer(kmock.KubernetesScaffold):
     def register_defaults(self) -> None:
         """Built-in kinds the operator touches, the JobSet/LWS/monitoring kinds, and our CRDs."""
         for gv, plural, kind, subs, short in [
-            ("v1", "pods", "Pod", {"status", "log"}, {"po"}),
+            ("v1", "pods", "Pod", {"status", "log", "binding"}, {"po"}),
+            ("v1", "nodes", "Node", {"status"}, {"no"}),
             ("v1", "configmaps", "ConfigMap", set(), {"cm"}),
             ("v1", "secrets", "Secret", set(), set()),
             ("v1", "services", "Service", {"status"}, {"svc"}),
@@ -272,7 +275,7 @@ class ApiServer(kmock.KubernetesScaffold):
                 {"crd", "crds"},
             ),
         ]:
-            cluster_scoped = plural in ("namespaces", "customresourcedefinitions")
+            cluster_scoped = plural in ("namespaces", "nodes", "customresourcedefinitions")
             self.register(
                 gv,
                 plural,
@@ -454,6 +457,8 @@ class ApiServer(kmock.KubernetesScaffold):
             meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
         if "status" in kind.subresources:
             obj.pop("status", None)
+        if kind.kind == "Pod" and kind.resource.group == "":
+            obj["status"] = {"phase": "Pending"}  # as the API server's pod strategy starts every pod
         obj = kind.admit(obj, strict=_strict(request))
         meta = obj["metadata"]
         async with self._lock:
@@ -473,6 +478,37 @@ class ApiServer(kmock.KubernetesScaffold):
             self.objects[key] = obj
             self._emit(kind.resource, "ADDED", obj)
             return kmock.Response(status=201, payload=copy.deepcopy(obj))
+
+    async def _bind(self, request: kmock.Request) -> Any:
+        """POST pods/NAME/binding: a scheduler assigns the pod to a node, once (kube-apiserver's
+        pkg/registry/core/pod/storage: spec.nodeName set, and the PodScheduled condition True)."""
+        self._record("create", request)
+        target = ((request.data or {}) if isinstance(request.data, dict) else {}).get("target") or {}
+        async with self._lock:
+            pod = self._get(request)
+            if pod["spec"].get("nodeName"):
+                raise error(
+                    409, "Conflict", f'pod {request.name} is already assigned to node "{pod["spec"]["nodeName"]}"'
+                )
+            pod = copy.deepcopy(pod)
+            pod["spec"]["nodeName"] = target.get("name")
+            status = pod.setdefault("status", {})
+            scheduled = {
+                "type": "PodScheduled",
+                "status": "True",
+                "lastProbeTime": None,
+                "lastTransitionTime": timestamp(now()),
+            }
+            status["conditions"] = [c for c in status.get("conditions") or [] if c["type"] != "PodScheduled"] + [
+                scheduled
+            ]
+            pod["metadata"]["resourceVersion"] = self._next_rv()
+            key = (self._kind(request.resource).resource, request.namespace, request.name)
+            self.objects[key] = pod
+            self._emit(key[0], "MODIFIED", pod)
+        return kmock.Response(
+            status=201, payload={"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+        )
 
     def _admit_service_account(self, pod: dict[str, Any], generate_name: str | None) -> None:
         """ServiceAccount admission (kube-apiserver's plugin/pkg/admission/serviceaccount): a pod

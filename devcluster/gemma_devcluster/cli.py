@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from gemma_devcluster import dev
+from gemma_devcluster import control_plane, dev
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,7 +17,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--vllm-python", default=".venv-vllm/bin/python", help="python of the environment with vLLM's CPU build"
     )
-    p.add_argument("--port", type=int, default=0, help="port of the local Kubernetes API (0: any free one)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--kubeconfig",
+        help="run on the API server this kubeconfig names (a control plane without nodes of its own, such as "
+        "start-control-plane's), as an admin: the CRDs, the operator's RBAC and the local node are installed there",
+    )
+    where.add_argument(
+        "--real",
+        action="store_true",
+        help=f"start a real kube-apiserver and kube-controller-manager ({control_plane.ENV} or ../shared/k8s), "
+        "run on it, stop it",
+    )
+    where.add_argument("--port", type=int, default=0, help="port of the in-process Kubernetes API (0: any free one)")
     p.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
     p.add_argument("--keep-running", action="store_true", help="keep the cluster up and print a kubeconfig")
     return p

@@ -89,13 +89,8 @@ class ControlPlane:
             answer = kubernetes.client.CoreV1Api(client).create_namespaced_service_account_token(
                 name, namespace, kubernetes.client.AuthenticationV1TokenRequest(spec=spec)
             )
-        assert answer.status is not None, "a TokenRequest is answered with its token"
-        config = yaml.safe_load(self.kubeconfig.read_text())
-        for user in config["users"]:
-            user["user"] = {"token": answer.status.token}
-        path.write_text(yaml.safe_dump(config))
-        path.chmod(0o600)
-        return path
+        assert answer.status is not None and answer.status.token, "a TokenRequest is answered with its token"
+        return with_token(self.kubeconfig, answer.status.token, path)
 
     def create_namespace(self, name: str, timeout: float = 60) -> None:
         """Create a namespace and wait for its `default` ServiceAccount, without which ServiceAccount
@@ -164,6 +159,17 @@ class ControlPlane:
         return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
+def with_token(kubeconfig: Path, token: str, path: Path) -> Path:
+    """A copy of `kubeconfig` at `path` whose users authenticate with `token` (the same server, the same
+    CA), readable by its owner only."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": token}
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
 # The servers this process started itself (a restarted apiserver): they are reaped here, or their zombies
 # would look alive to stop-control-plane's `kill -0`.
 _CHILDREN: dict[int, subprocess.Popen] = {}
@@ -191,8 +197,15 @@ def start(state: Path, *, audit: bool = False) -> ControlPlane:
         (state / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
         extra = "--audit-policy-file=audit-policy.yaml --audit-log-path=audit.log"
         env["KUBE_APISERVER_ARGS"] = f"{env.get('KUBE_APISERVER_ARGS', '')} {extra}".strip()
+    # In a session of its own, as a cluster's servers are: a Ctrl-C at the terminal stops the program
+    # that started them, which then stops them in order (stop), rather than killing them mid-request.
     done = subprocess.run(
-        [str(folder / "start-control-plane"), str(state)], env=env, capture_output=True, text=True, timeout=180
+        [str(folder / "start-control-plane"), str(state)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        start_new_session=True,
     )
     if done.returncode:
         raise RuntimeError(f"start-control-plane failed ({done.returncode}):\n{done.stderr[-4000:]}")

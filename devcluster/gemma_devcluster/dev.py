@@ -1,8 +1,11 @@
-"""`gemma-tpu dev`: the whole product on one machine, no cluster and no TPU.
+"""`gemma-tpu dev`: the whole product on one machine, no TPU.
 
-An in-process Kubernetes API with our CRDs, the real operator against it, and a local node
-agent that runs the pods of the `cpu` profile as processes (the training and merge workloads
-from this environment, vLLM's CPU build from its own). It makes a tiny Gemma 4 and a small
+A Kubernetes API with our CRDs, the real operator against it, and a local node agent that runs
+the pods of the `cpu` profile as processes (the training and merge workloads from this
+environment, vLLM's CPU build from its own). The API is an in-process one by default; with
+`--kubeconfig FILE` it is that API server's (a control plane without nodes of its own, whose real
+controllers then make the pods), and `--real` starts such a control plane here first (backends.py).
+It makes a tiny Gemma 4 and a small
 dataset, applies examples/quickstart/ (a fine-tune evaluated on the demo's questions, and its
 server behind a rollout gate), shows progress as it happens, asks the served model every demo
 question, prints its answers beside the base model's (from the fine-tune's evaluation, which
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shutil
 import signal
@@ -22,22 +26,19 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import kmock
 import yaml
 
-from gemma_devcluster import services, tiny
-from gemma_devcluster.agent import NodeAgent
-from gemma_devcluster.apiserver import ApiServer, write_kubeconfig
+from gemma_devcluster import backends, install, operator_process, services, tiny
 from gemma_devcluster.display import Table
-from gemma_devcluster.kinds import LOCAL_KINDS
 from gemma_devcluster.kubelet import Node
 from gemma_devcluster.processes import port_in_use
-from gemma_operator import api, benchmark_results, runner
-from gemma_operator.kube import Kube
+from gemma_operator import api, benchmark_results
+from gemma_operator.kube import ApiError, Kube
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import run_dir
 
@@ -175,30 +176,37 @@ async def _serving_port(kube: Kube, serve: dict | None) -> int | None:
     return int(route.rsplit(":", 1)[1]) if route else None
 
 
-def _service_accounts(docs: list[dict], settings: OperatorSettings) -> list[tuple[str, str]]:
-    """(namespace, name) of the ServiceAccounts the CRs' pods run as: what the chart creates in a
-    workload namespace, and any other a CR names (the local API refuses pods without theirs, as
-    ServiceAccount admission does)."""
-    defaults = {api.FINETUNE.kind: settings.training_service_account, api.SERVE.kind: settings.serving_service_account}
-    found = {
-        (
-            d["metadata"].get("namespace") or "default",
-            (d.get("spec") or {}).get("serviceAccountName") or defaults[d["kind"]],
-        )
-        for d in docs
-        if d.get("kind") in defaults
-    }
-    return sorted((ns, sa) for ns, sa in found if sa and sa != "default")
-
-
-def _failure_details(apiserver: ApiServer, obj: dict) -> str:
+def _failure_details(cluster: backends.Cluster, obj: dict) -> str:
     """The last log lines of the failed pod of a resource, for a plain report."""
-    name = obj["metadata"]["name"]
-    tails = [(k, v) for k, v in apiserver.pod_logs.items() if (k[1] or "").startswith(name)]
-    if not tails:
+    found = cluster.pod_log(obj["metadata"]["name"])
+    if found is None:
         return ""
-    (_, pod), text = tails[-1]
-    return f"\nlast lines of pod {pod}:\n" + "\n".join(text.splitlines()[-25:])
+    pod, text = found
+    return f"\nlast lines of pod {pod}:\n{text}"
+
+
+def _backend(
+    args: argparse.Namespace, workdir: Path, settings: OperatorSettings, node: Node, docs: list[dict]
+) -> contextlib.AbstractAsyncContextManager[backends.Cluster]:
+    """The cluster the demo runs on: the in-process API, the server of --kubeconfig, or one started here."""
+    if getattr(args, "kubeconfig", None):
+        return backends.on_server(Path(args.kubeconfig).resolve(), workdir, settings, node, docs)
+    if getattr(args, "real", False):
+        return _on_own_control_plane(workdir, settings, node, docs)
+    return backends.in_process(workdir, args.port, settings, node, docs)
+
+
+@contextlib.asynccontextmanager
+async def _on_own_control_plane(
+    workdir: Path, settings: OperatorSettings, node: Node, docs: list[dict]
+) -> AsyncIterator[backends.Cluster]:
+    state = workdir / "control-plane"
+    shutil.rmtree(state, ignore_errors=True)  # a control plane's folder is used once
+    async with (
+        backends.started_control_plane(state) as plane,
+        backends.on_server(plane.kubeconfig, workdir, settings, node, docs) as cluster,
+    ):
+        yield cluster
 
 
 async def run(args: argparse.Namespace, stop: asyncio.Event, own_signals: bool = False) -> Outcome:
@@ -221,87 +229,81 @@ async def run(args: argparse.Namespace, stop: asyncio.Event, own_signals: bool =
         settings.images.workloads: Path(sys.executable).parent.absolute(),
         settings.images.serving_cpu: Path(args.vllm_python).parent.absolute(),
     }
-    async with ApiServer() as apiserver, kmock.Server(apiserver, port=args.port or None) as server:
-        apiserver.register_defaults()
-        url = str(server.url).rstrip("/")
-        op_stop, ready = asyncio.Event(), asyncio.Event()
-        _, op_tasks = await runner.spawn(url, settings, op_stop, ready)
-        if own_signals:
-            _stop_on_signals(stop)  # kopf took the signals over for the operator alone: take them back
-        kube = Kube.from_url(url, LOCAL_KINDS, user_agent="gemma-tpu-node")
-        agent = NodeAgent(kube, apiserver, Node(workdir / "node", images, {DATA_CLAIM: data}), interval=0.25)
-        agent_task = asyncio.create_task(agent.run(stop))
-        try:
-            await asyncio.wait_for(ready.wait(), 30)
-            table = Table()
-            started = time.monotonic()
-            docs = [
-                d for f in sorted(Path(args.examples).glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d
-            ]
-            for namespace, account in _service_accounts(docs, settings):
-                meta = {"name": account, "namespace": namespace}
-                await kube.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta})
-            for doc in docs:
-                await kube.create(doc)
-            applied = ", ".join(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
-            config = write_kubeconfig(workdir / "kubeconfig", url)
-            print(
-                f"applied {applied} to the local cluster at {url}\n(kubectl works meanwhile: export KUBECONFIG={config})\n",
-                flush=True,
-            )
-            table.header()
-            out = await _follow(kube, apiserver, table, stop, args.timeout, out)
-            out.total_seconds = time.monotonic() - started
-            out.phases = table.durations()
-            if not out.answers:  # stopped before the end
-                return out
-            _summary(out, url)
-            if args.keep_running and not stop.is_set():
-                print(
-                    f"\nthe cluster keeps running (Ctrl-C stops it):\n  export KUBECONFIG={config}\n  kubectl get gft,gsv"
-                    + (f"\n  curl {out.endpoint}/models" if out.endpoint else ""),
-                    flush=True,
-                )
-                await stop.wait()
-        finally:
-            stop.set()
-            await agent_task
-            await runner.stop(op_tasks, op_stop)
+    node = Node(workdir / "node", images, {DATA_CLAIM: data})
+    docs = [d for f in sorted(Path(args.examples).glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+    try:
+        async with _backend(args, workdir, settings, node, docs) as cluster:
+            if own_signals:
+                _stop_on_signals(stop)  # kopf took the signals over for the operator alone: take them back
+            out = await _demo(cluster, docs, args, stop, out)
+    except (backends.BackendError, install.InstallError, operator_process.OperatorFailed) as e:
+        raise DevError(str(e)) from None
+    finally:
+        stop.set()
+    return out
+
+
+async def _demo(
+    cluster: backends.Cluster, docs: list[dict], args: argparse.Namespace, stop: asyncio.Event, out: Outcome
+) -> Outcome:
+    """Apply the quickstart, follow it to the served answers, sum up."""
+    if stop.is_set():  # stopped while the cluster was being set up
+        return out
+    table = Table()
+    started = time.monotonic()
+    for doc in docs:
+        await cluster.apply(doc)
+    applied = ", ".join(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
+    print(
+        f"applied {applied} to {cluster.kind}\n(kubectl works meanwhile: export KUBECONFIG={cluster.kubeconfig})\n",
+        flush=True,
+    )
+    table.header()
+    out = await _follow(cluster, table, stop, args.timeout, out)
+    out.total_seconds = time.monotonic() - started
+    out.phases = table.durations()
+    if not out.answers:  # stopped before the end
+        return out
+    _summary(out, cluster)
+    if args.keep_running and not stop.is_set():
+        print(
+            f"\nthe cluster keeps running (Ctrl-C stops it):\n  export KUBECONFIG={cluster.kubeconfig}\n  kubectl get gft,gsv"
+            + (f"\n  curl {out.endpoint}/models" if out.endpoint else ""),
+            flush=True,
+        )
+        await stop.wait()
     return out
 
 
 async def _follow(
-    kube: Kube, apiserver: ApiServer, table: Table, stop: asyncio.Event, timeout: float, out: Outcome
+    cluster: backends.Cluster, table: Table, stop: asyncio.Event, timeout: float, out: Outcome
 ) -> Outcome:
+    kube = cluster.kube
     deadline = time.monotonic() + timeout
+    objs: list[dict] = []
     while not stop.is_set():
-        objs = await kube.list(api.FINETUNE.kind, None) + await kube.list(api.SERVE.kind, None)
+        try:
+            objs = await kube.list(api.FINETUNE.kind, None) + await kube.list(api.SERVE.kind, None)
+            crash = await _crash_loop(kube)
+            port = await _serving_port(kube, _fine_tunes_server(objs))
+        except ApiError as e:
+            if not e.transient:  # a busy or restarting server: asked again in a moment
+                raise DevError(f"the API server refused the demo's request: {e}") from None
+            await asyncio.sleep(0.5)
+            continue
         table.update(objs)
         out.fine_tune = next((o for o in objs if o["kind"] == api.FINETUNE.kind), None)
-        serves = [o for o in objs if o["kind"] == api.SERVE.kind]
-        out.serve = next((o for o in serves if "fineTuneRef" in o["spec"]["model"]), None)
-        crash = await _crash_loop(kube)
+        out.serve = _fine_tunes_server(objs)
         if crash:
-            raise DevError(crash + _failure_details(apiserver, {"metadata": {"name": crash.split()[1]}}))
+            raise DevError(crash + _failure_details(cluster, {"metadata": {"name": crash.split()[1]}}))
         for obj in objs:
             if (obj.get("status") or {}).get("phase") == "Failed":
                 raise DevError(
                     f"{obj['kind']} {obj['metadata']['name']} failed: {obj['status'].get('message')}"
-                    + _failure_details(apiserver, obj)
+                    + _failure_details(cluster, obj)
                 )
-        port = await _serving_port(kube, out.serve)
         if port and out.serve:
-            ready = time.monotonic()
-            out.endpoint = f"http://127.0.0.1:{port}/v1"
-            base = _base_answers(out.data_dir, out.fine_tune) if out.data_dir and out.fine_tune else {}
-            try:
-                out.answers = await asyncio.to_thread(_ask_all, port, out.serve, base)
-            except (urllib.error.URLError, OSError, KeyError) as e:
-                raise DevError(f"the served model did not answer: {e}") from None
-            _print_answers(out.answers)
-            out.benchmark = await _benchmark(kube, out.serve, stop, deadline)
-            out.benchmark_seconds = time.monotonic() - ready
-            return out
+            return await _answers(kube, port, stop, deadline, out)
         if time.monotonic() > deadline:
             raise DevError(
                 f"not done after {timeout:.0f} s; last states: "
@@ -311,6 +313,27 @@ async def _follow(
                 )
             )
         await asyncio.sleep(0.5)
+    return out
+
+
+def _fine_tunes_server(objs: list[dict]) -> dict | None:
+    """The GemmaServe of the quickstart's fine-tune."""
+    return next((o for o in objs if o["kind"] == api.SERVE.kind and "fineTuneRef" in o["spec"]["model"]), None)
+
+
+async def _answers(kube: Kube, port: int, stop: asyncio.Event, deadline: float, out: Outcome) -> Outcome:
+    """Every demo question asked of the served fine-tune, then the serving benchmark's figures."""
+    assert out.serve is not None, "answers are asked once the fine-tune's server is Ready"
+    ready = time.monotonic()
+    out.endpoint = f"http://127.0.0.1:{port}/v1"
+    base = _base_answers(out.data_dir, out.fine_tune) if out.data_dir and out.fine_tune else {}
+    try:
+        out.answers = await asyncio.to_thread(_ask_all, port, out.serve, base)
+    except (urllib.error.URLError, OSError, KeyError) as e:
+        raise DevError(f"the served model did not answer: {e}") from None
+    _print_answers(out.answers)
+    out.benchmark = await _benchmark(kube, out.serve, stop, deadline)
+    out.benchmark_seconds = time.monotonic() - ready
     return out
 
 
@@ -338,7 +361,7 @@ async def _crash_loop(kube: Kube) -> str | None:
     return None
 
 
-def _summary(out: Outcome, url: str) -> None:
+def _summary(out: Outcome, cluster: backends.Cluster) -> None:
     print("\nwall time per phase:", flush=True)
     for name, phase, seconds in out.phases:
         if phase != "-":  # before the operator's first status
@@ -374,7 +397,9 @@ def _summary(out: Outcome, url: str) -> None:
     print(f"  LoRA checkpoint  {local(outputs.get('checkpoint'))}")
     print(f"  merged model     {local(outputs.get('merged'))}")
     print(f"  endpoint         {out.endpoint} (model {((out.serve or {}).get('status') or {}).get('servedModelName')})")
-    print(f"  API server       {url}", flush=True)
+    print(f"  API server       {cluster.url}", flush=True)
+    if cluster.operator_log:
+        print(f"  operator log     {cluster.operator_log}", flush=True)
 
 
 def _stop_on_signals(stop: asyncio.Event) -> None:

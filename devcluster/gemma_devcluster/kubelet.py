@@ -3,7 +3,9 @@
 The image is a virtual environment (its bin directory first on PATH), mounts are folders with
 path translation (volumes.py), the container port is moved to a free host port (pods share this
 machine's network), probes are run against it, and the pod's status is written the way the
-kubelet writes it: phase, conditions, container state, exit code and termination message.
+kubelet writes it (pkg/kubelet/status, pkg/kubelet/kubelet_pods.go): phase, the pod's addresses and
+start time, its conditions with their transition times, and the container's state, exit code and
+termination message.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from gemma_devcluster import processes, volumes
+from gemma_devcluster.node_status import ADDRESS
 from gemma_operator.clock import now, timestamp
 
-TPU_RESOURCE = "google.com/tpu"
 TERMINATION_MESSAGE_LIMIT = 4096
 HOST_PORT_ANNOTATION = "gemma-tpu.dev/host-port"
 
@@ -41,14 +43,6 @@ class Node:
     claims: dict[str, Path]
 
 
-def unschedulable(pod: dict[str, Any]) -> str | None:
-    """Why no node here can take the pod (it asks for TPUs), or None."""
-    for c in pod["spec"]["containers"]:
-        if TPU_RESOURCE in ((c.get("resources") or {}).get("limits") or {}):
-            return f"0/1 nodes are available: 1 Insufficient {TPU_RESOURCE}. (the local node has no TPU)"
-    return None
-
-
 @dataclass
 class LocalPod:
     namespace: str
@@ -59,11 +53,15 @@ class LocalPod:
     env: dict[str, str]
     bin_dir: Path
     host_port: int | None
+    uid: str = ""
+    grace: float = 30.0  # the pod's terminationGracePeriodSeconds
     ready: bool = False
     restarts: int = 0
-    started_at: str = field(default_factory=lambda: timestamp(now()))
+    started_at: str = field(default_factory=lambda: timestamp(now()))  # this run of the container
+    pod_started_at: str = ""  # the pod's status.startTime: its first run, kept across restarts
     finished: dict[str, Any] | None = None  # the terminated state, fixed once the process ends
     restart_at: float | None = None  # a crashed container of a Deployment pod waits until then
+    since: dict[str, tuple[str, str]] = field(default_factory=dict)  # condition -> (status, since when)
 
     # ------------------------------------------------------------------ start
 
@@ -104,7 +102,7 @@ class LocalPod:
             host_port = processes.free_port()
             command = [_swap_port(arg, port, host_port) for arg in command]
         group = processes.start(command, env, bin_dir=bin_dir, log_path=workdir / "log", cwd=workdir)
-        return cls(
+        local = cls(
             meta["namespace"],
             meta["name"],
             container,
@@ -113,8 +111,20 @@ class LocalPod:
             env,
             bin_dir,
             host_port,
+            uid=meta.get("uid", ""),
+            grace=float(pod["spec"].get("terminationGracePeriodSeconds", 30)),
             ready=not container.get("readinessProbe"),
         )
+        local.pod_started_at = local.started_at
+        return local
+
+    def restarted(
+        self, pod: dict[str, Any], node: Node, config_maps: dict[str, dict], secrets: dict[str, dict]
+    ) -> LocalPod:
+        """The container started again in place (restartPolicy Always), the pod's history kept."""
+        again = LocalPod.start(pod, node, config_maps, secrets)
+        again.restarts, again.pod_started_at, again.since = self.restarts + 1, self.pod_started_at, self.since
+        return again
 
     # ------------------------------------------------------------------ running
 
@@ -166,7 +176,7 @@ class LocalPod:
         code = self.exit_code()
         name = self.container["name"]
         if code is None:
-            state = {"running": {"startedAt": self.started_at}}
+            state: dict[str, Any] = {"running": {"startedAt": self.started_at}}
             phase = "Running"
         else:
             if self.finished is None:
@@ -177,6 +187,7 @@ class LocalPod:
                     "message": self.termination_message(code),
                     "startedAt": self.started_at,
                     "finishedAt": timestamp(now()),
+                    "containerID": self.container_id,
                 }
             state = {"terminated": self.finished}
             phase = "Succeeded" if code == 0 else "Failed"
@@ -184,29 +195,55 @@ class LocalPod:
         last: dict[str, Any] = {}
         if self.restart_at is not None:  # crashed, waiting to run again in place
             phase = "Running"
-            last = {"lastState": {"terminated": self.finished}}
+            last = {"terminated": self.finished}
             state = {
                 "waiting": {"reason": "CrashLoopBackOff", "message": f"back-off restarting failed container {name}"}
             }
+        terminal = phase in ("Succeeded", "Failed")
+        unready = (
+            ("PodCompleted", "") if terminal else ("ContainersNotReady", f"containers with unready status: [{name}]")
+        )
         return {
             "phase": phase,
-            "podIP": "127.0.0.1",
+            **addresses(self.pod_started_at),
             "conditions": [
-                {"type": "PodScheduled", "status": "True"},
-                {"type": "Ready", "status": str(ready)},
-                {"type": "ContainersReady", "status": str(ready)},
+                self._condition("PodReadyToStartContainers", True),
+                self._condition("Initialized", True),
+                self._condition("Ready", ready, *unready),
+                self._condition("ContainersReady", ready, *unready),
             ],
             "containerStatuses": [
                 {
                     "name": name,
                     "ready": ready,
+                    "started": code is None,
                     "restartCount": self.restarts,
                     "state": state,
+                    "lastState": last,
                     "image": self.container["image"],
-                    **last,
+                    "imageID": "",
+                    "containerID": self.container_id,
                 }
             ],
         }
+
+    @property
+    def container_id(self) -> str:
+        return f"local://{self.group.proc.pid}"
+
+    def _condition(self, kind: str, true: bool, reason: str = "", message: str = "") -> dict[str, Any]:
+        """A pod condition, its lastTransitionTime the moment its status last changed."""
+        status = str(true)
+        if self.since.get(kind, ("",))[0] != status:
+            self.since[kind] = (status, timestamp(now()))
+        out = {"type": kind, "status": status, "lastProbeTime": None, "lastTransitionTime": self.since[kind][1]}
+        return out | ({"reason": reason, "message": message} if not true and reason else {})
+
+
+def addresses(started: str) -> dict[str, Any]:
+    """Where the pod is: this machine, its processes on the host's network."""
+    ips = [{"ip": ADDRESS}]
+    return {"hostIP": ADDRESS, "hostIPs": ips, "podIP": ADDRESS, "podIPs": ips, "startTime": started}
 
 
 def _route(arg: str, routes: dict[str, str]) -> str:
@@ -228,28 +265,32 @@ def _secret_values(secrets: dict[str, dict]) -> dict[tuple[str, str], str]:
     }
 
 
-def waiting_status(container: str, reason: str, message: str, scheduled: bool = True) -> dict[str, Any]:
-    """A pod that cannot run: Pending, with the reason Kubernetes would give."""
-    conditions = [
-        {
-            "type": "PodScheduled",
-            "status": "True" if scheduled else "False",
-            **({} if scheduled else {"reason": "Unschedulable", "message": message}),
-        }
-    ]
+def waiting_status(container: dict[str, Any], reason: str, message: str) -> dict[str, Any]:
+    """A pod whose container cannot start (ErrImagePull, CreateContainerConfigError): Pending, with the
+    reason the kubelet gives."""
+    t, name = timestamp(now()), container["name"]
+    unready = {"reason": "ContainersNotReady", "message": f"containers with unready status: [{name}]"}
     return {
         "phase": "Pending",
-        "conditions": conditions,
+        **addresses(t),
+        "conditions": [
+            {"type": "PodReadyToStartContainers", "status": "True", "lastProbeTime": None, "lastTransitionTime": t},
+            {"type": "Initialized", "status": "True", "lastProbeTime": None, "lastTransitionTime": t},
+            {"type": "Ready", "status": "False", "lastProbeTime": None, "lastTransitionTime": t, **unready},
+            {"type": "ContainersReady", "status": "False", "lastProbeTime": None, "lastTransitionTime": t, **unready},
+        ],
         "containerStatuses": [
             {
-                "name": container,
+                "name": name,
                 "ready": False,
+                "started": False,
                 "restartCount": 0,
                 "state": {"waiting": {"reason": reason, "message": message}},
+                "lastState": {},
+                "image": container["image"],
+                "imageID": "",
             }
-        ]
-        if scheduled
-        else [],
+        ],
     }
 
 

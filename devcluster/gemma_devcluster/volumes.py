@@ -5,6 +5,11 @@ plus a path translation: every string the process receives (command, args, env v
 files of mounted ConfigMaps and Secrets, e.g. a workload config naming /data/...) has each mount
 path replaced by its local directory. PersistentVolumeClaims map to folders given to the agent;
 emptyDirs and the termination-message file get fresh folders per pod.
+
+A projected volume (the one ServiceAccount admission adds for a pod's API token) gets the files of
+its ConfigMap, Secret and downward API sources that exist; its token and any ConfigMap the cluster
+does not have (kube-root-ca.crt where no controller publishes it; OpenShift's service CA) are left
+out: the pods' processes run here and do not call the API server.
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ def materialize(
             if secret is None:
                 raise VolumeError(f'secret "{volume["secret"]["secretName"]}" not found')
             _write(target, {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()})
+        elif "projected" in volume:
+            _write(target, projected(volume["projected"], pod, config_maps, secrets))
         elif "emptyDir" in volume:
             target.mkdir(parents=True, exist_ok=True)
         elif "persistentVolumeClaim" in volume:
@@ -100,11 +107,43 @@ def materialize(
     return mounts
 
 
+def _items(data: dict[str, str], items: list[dict] | None) -> dict[str, str]:
+    """A ConfigMap's or Secret's keys as files: all of them, or the listed items at their paths."""
+    if not items:
+        return dict(data)
+    return {i["path"]: data[i["key"]] for i in items if i["key"] in data}
+
+
+# The downward API fields a projected file may name that the local node knows.
+_FIELDS = {"metadata.namespace", "metadata.name", "metadata.uid"}
+
+
+def projected(
+    spec: dict[str, Any], pod: dict[str, Any], config_maps: dict[str, dict], secrets: dict[str, dict]
+) -> dict[str, str]:
+    """The files of a projected volume (path -> content) from the sources that exist here."""
+    files: dict[str, str] = {}
+    meta = pod["metadata"]
+    for source in spec.get("sources") or []:
+        if "configMap" in source and (cm := config_maps.get(source["configMap"]["name"])):
+            files |= _items(cm.get("data") or {}, source["configMap"].get("items"))
+        elif "secret" in source and (secret := secrets.get(source["secret"]["name"])):
+            data = {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+            files |= _items(data, source["secret"].get("items"))
+        elif "downwardAPI" in source:
+            for item in source["downwardAPI"].get("items") or []:
+                field_path = (item.get("fieldRef") or {}).get("fieldPath", "")
+                if field_path in _FIELDS:
+                    files[item["path"]] = str(meta.get(field_path.split(".", 1)[1], ""))
+    return files
+
+
 def _write(target: Path, files: dict[str, str]) -> list[Path]:
     target.mkdir(parents=True, exist_ok=True)
     written = []
     for key, content in files.items():
         path = target / key
+        path.parent.mkdir(parents=True, exist_ok=True)  # an item's path may name a subfolder
         path.write_text(content)
         written.append(path)
     return written

@@ -19,11 +19,10 @@ import pytest
 from gemma_devcluster import tiny
 from gemma_devcluster.agent import NodeAgent
 from gemma_devcluster.apiserver import ApiServer
-from gemma_devcluster.kinds import LOCAL_KINDS
+from gemma_devcluster.client import NodeKube
 from gemma_devcluster.kubelet import Node
 from gemma_operator import runner
 from gemma_operator.children import serving
-from gemma_operator.kube import Kube
 from gemma_operator.settings import OperatorSettings
 from tests.support.cluster import Cluster
 
@@ -129,7 +128,7 @@ async def test_the_gate_rolls_out_the_fine_tune_that_improves_and_not_the_one_th
         apiserver.register_defaults()
         op_stop, ready, stop = asyncio.Event(), asyncio.Event(), asyncio.Event()
         _, op_tasks = await runner.spawn(str(apiserver.url), settings, op_stop, ready)
-        kube = Kube.from_url(str(apiserver.url), LOCAL_KINDS, user_agent="gemma-tpu-node")
+        kube = NodeKube.local(str(apiserver.url))
         agent = asyncio.create_task(
             NodeAgent(kube, apiserver, Node(tmp_path / "node", images, {CLAIM: data}), interval=0.25).run(stop)
         )

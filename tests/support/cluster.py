@@ -25,6 +25,18 @@ PATIENCE = 60.0
 TEST_AGENT = "gemma-tpu-tests"  # the API server records calls per User-Agent: these are the test's
 
 
+async def wait_for(what: Callable[[], Awaitable[Any]], timeout: float = PATIENCE, message: str = "") -> Any:
+    """Poll until `what()` returns something truthy; fail with its last value."""
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        value = await what()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {message or what}: last value {value!r}")
+
+
 class Cluster:
     def __init__(self, apiserver) -> None:
         self.api = apiserver
@@ -37,15 +49,7 @@ class Cluster:
         return await self.kube.get(kind, namespace, name)
 
     async def wait_for(self, what: Callable[[], Awaitable[Any]], timeout: float = PATIENCE, message: str = "") -> Any:
-        """Poll until `what()` returns something truthy; fail with its last value."""
-        deadline = time.monotonic() + timeout
-        value = None
-        while time.monotonic() < deadline:
-            value = await what()
-            if value:
-                return value
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {message or what}: last value {value!r}")
+        return await wait_for(what, timeout, message)
 
     async def phase(self, kind: str, namespace: str, name: str, phase: str, timeout: float = PATIENCE) -> dict:
         async def check():

@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 
 from gemma_devcluster.agent import NodeAgent
-from gemma_devcluster.kinds import LOCAL_KINDS
+from gemma_devcluster.client import NodeKube
 from gemma_devcluster.kubelet import Node
 from gemma_operator import pod_creation
 from gemma_operator.conditions import condition
@@ -38,7 +38,7 @@ async def local_node(apiserver, tmp_path: Path):
         script.chmod(script.stat().st_mode | stat.S_IEXEC)
     defaults = OperatorSettings().images
     node = Node(tmp_path / "node", {defaults.workloads: images, defaults.serving_cpu: images}, {"data": tmp_path})
-    kube = Kube.from_url(str(apiserver.url), LOCAL_KINDS, user_agent="gemma-tpu-node")
+    kube = NodeKube.local(str(apiserver.url))
     stop = asyncio.Event()
     task = asyncio.create_task(NodeAgent(kube, apiserver, node, interval=0.05).run(stop))
     try:
