@@ -211,7 +211,13 @@ def lock(env: Environment, upgrade: bool) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--upgrade", action="store_true", help="every package at its newest allowed version")
+    parser.add_argument(
+        "--wheel-sources", action="store_true", help="print uv's arguments for where the CPU torch wheel is, and stop"
+    )
     args = parser.parse_args()
+    if args.wheel_sources:
+        print(" ".join(f"--find-links {source}" for source in wheel_sources()))
+        return 0
     LOCKS.mkdir(exist_ok=True)
     uv = next(env for env in ENVIRONMENTS if env.name == "uv")
     for env in (uv, *[env for env in ENVIRONMENTS if env is not uv]):
