@@ -23,6 +23,7 @@ from flax import nnx
 from tunix.models.gemma4 import model as gemma4
 from tunix.sft import peft_trainer
 
+from gemma_workloads import compilation_cache
 from gemma_workloads.config import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, Progress, TrainConfig, TrainResult
 from gemma_workloads.data import TextCodec, read_examples
 from gemma_workloads.input_files import InputError
@@ -177,6 +178,10 @@ class Trainer(peft_trainer.PeftTrainer):
 
         return train_step
 
+    def close(self) -> None:
+        super().close()
+        compilation_cache.listen_again()
+
     def custom_checkpoint_metadata(self) -> dict:
         return {checkpoints.DATA_POSITION: self.feed.batches.state()} if self.feed else {}
 
@@ -307,7 +312,13 @@ def fit(
 
 
 def run(config: TrainConfig) -> Outcome:
-    """Train (or resume) to the end, or until preempted."""
+    """Train (or resume) to the end, or until preempted, compiling through the persistent
+    compilation cache where the config names one."""
+    with compilation_cache.persistent(config.compilation_cache_dir):
+        return _train(config)
+
+
+def _train(config: TrainConfig) -> Outcome:
     source = config.model_path
     config = config.model_copy(update={"model_path": resolve_model(source)})
     if config.model_path != source:  # downloaded (hf://): checked now that it is here
