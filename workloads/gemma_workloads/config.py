@@ -243,6 +243,13 @@ class TrainConfig(_Config):
             description="Training attention kernel; auto: splash on TPU, cuDNN on GPU, Tunix's own (reference) elsewhere."
         ),
     ] = "auto"
+    scan_layers: Annotated[
+        bool,
+        Field(
+            description="Run the decoder layers as a scan over repetitions of the attention pattern, so that "
+            "compiling the step takes the same time at any depth; checkpoints keep the unrolled layout."
+        ),
+    ] = True
     loss_chunk_tokens: Annotated[
         int | None, Field(ge=1, description="Tokens per chunk of the cross-entropy; None: whole float32 logits.")
     ] = 512

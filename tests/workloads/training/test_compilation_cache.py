@@ -34,6 +34,7 @@ def two_runs(tmp_path_factory, tiny_sharded):
     return config, first, written, second
 
 
+@pytest.mark.slow
 def test_the_second_run_reads_the_programs_the_first_compiled(two_runs):
     config, first, written, second = two_runs
     assert first.code == second.code == EXIT_OK, second.stderr
@@ -45,6 +46,7 @@ def test_the_second_run_reads_the_programs_the_first_compiled(two_runs):
     assert [p.loss for p in second.progress] == [p.loss for p in first.progress], "the same program, the same steps"
 
 
+@pytest.mark.slow
 def test_entries_that_cannot_be_read_cost_a_compile_not_the_run(two_runs, tmp_path):
     """Truncated and garbage entries (a write cut short, a disk error), in place: the cache's path
     is part of every key (JAX hashes the compile options, which name the GPU autotuning cache inside

@@ -29,7 +29,7 @@ from gemma_workloads.data import TextCodec, read_examples
 from gemma_workloads.input_files import InputError
 from gemma_workloads.model_folder import check_model_folder
 from gemma_workloads.sources import resolve_model
-from gemma_workloads.training import attention, lora, loss, mesh, pairs, preference_loss, remat
+from gemma_workloads.training import attention, lora, loss, mesh, pairs, preference_loss, remat, scan
 from gemma_workloads.training import batches as batching
 from gemma_workloads.training import checkpoint_writer as checkpoints
 from gemma_workloads.training import flops as metrics
@@ -137,6 +137,19 @@ class Trainer(peft_trainer.PeftTrainer):
     mesh: jax.sharding.Mesh | None = None
     save_times: checkpoints.SaveTimes | None = None
     _jitted_train_step_fn: Any  # Tunix's: None until its first step compiles
+    _checkpoints: checkpoints.LayerOrderCheckpoints
+
+    @property
+    def checkpoint_manager(self) -> checkpoints.LayerOrderCheckpoints:
+        return self._checkpoints
+
+    @checkpoint_manager.setter
+    def checkpoint_manager(self, manager) -> None:
+        """Tunix's constructor makes its checkpoint manager and restores from it at once: the
+        manager becomes a LayerOrderCheckpoints as it is set, so checkpoints keep the unrolled
+        layout when the layers are scanned."""
+        manager.__class__ = checkpoints.LayerOrderCheckpoints
+        self._checkpoints = manager
 
     def jit_train_and_eval_step(self, skip_jit: bool = False, cache_nnx_graph: bool = False):
         """Tunix's jitted steps, with the model donated as well as the optimizer: otherwise every
@@ -196,8 +209,10 @@ def adapt(
     """LoRA on the base model, placed on the mesh, with attention, remat and dropout as configured."""
     model = lora.apply_lora(model, config.lora, seed=config.seed)
     mesh.fit_to_mesh(model, device_mesh, place=True)
-    log.info("attention: %s; remat: %s", attention.use_attention(model, config.attention), config.remat)
+    chosen = attention.use_attention(model, config.attention)
     remat.use_remat(model, config.remat)
+    layers = scan.scan_layers(model, device_mesh) if config.scan_layers else "unrolled"
+    log.info("attention: %s; remat: %s; layers %s", chosen, config.remat, layers)
     dropout = nnx.Rngs(dropout=config.seed) if config.lora.dropout > 0 else None
     if dropout is not None:
         model.set_attributes(qwix_rngs=dropout)  # Qwix draws LoRA dropout masks from here
