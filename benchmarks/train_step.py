@@ -15,8 +15,15 @@ the table gives the first step's (before any update) and the last's.
         # whole logits, whole-layer remat) runs too, then one fast row per remat policy, then each
         # lever alone; one step of each fast row is traced and summarised (profile_summary.py)
 
+    python benchmarks/train_step.py --preset 31b --layers 60 --seq 3072 --micro-batch 1 --rank 64 \
+        --dtype bfloat16 --compile-only [--no-scan]
+        # each row's step lowered and compiled from abstract inputs, nothing allocated or run
+        # (compile_only.py): compile seconds, HLO size and matrix products, on any machine
+
 Rows are printed as they are measured; a row that runs out of device memory says so and the
-others go on.
+others go on. Each row's "compile s" is XLA's compilation of its step alone (JAX's compile events
+for it), apart from the row's whole set-up, which its last line gives, tracing included. The
+layers are scanned unless --no-scan (training/scan.py).
 
 MFU counts model FLOPs (metrics.py: forward + gradients, causal and windowed attention, no
 recompute); HFU the FLOPs the hardware did: the recompute of the remat policy (with "dots", the
@@ -467,7 +474,7 @@ class Table:
             + (f" ({100 * self.ceiling / self.peak:.1f} % of the {self.peak:g} TFLOP/s peak)" if self.peak else "")
         )
         print(
-            f"\n{'path':10} {'attention':10} {'loss':>7} {'remat':7} {'step s':>8} {'tokens/s':>10} "
+            f"\n{'path':10} {'attention':10} {'loss':>7} {'remat':7} {'compile s':>9} {'step s':>8} {'tokens/s':>10} "
             f"{'MFU':>7} {'HFU':>7} {'MFU/ceil':>9} {'HFU/ceil':>9} {'speed':>6} {'loss 1':>8} {'loss N':>8}",
             flush=True,
         )
@@ -482,7 +489,7 @@ class Table:
         self.first = self.first or m
         tflops = m.tokens_per_second / jax.device_count() / 1e12
         print(
-            f"{self._lead(m.variant, m.attention)} {m.step_seconds:8.3f} {m.tokens_per_second:10.1f} "
+            f"{self._lead(m.variant, m.attention)} {m.compile_seconds:9.1f} {m.step_seconds:8.3f} {m.tokens_per_second:10.1f} "
             f"{self._pct(tflops, m.model_flops)} {self._pct(tflops, m.hardware_flops)} "
             f"{100 * tflops * m.model_flops / self.ceiling:8.2f}% {100 * tflops * m.hardware_flops / self.ceiling:8.2f}% "
             f"{m.tokens_per_second / self.first.tokens_per_second:5.2f}x {m.first_loss:8.4f} {m.last_loss:8.4f}",
