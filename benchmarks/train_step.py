@@ -55,6 +55,7 @@ from tunix.models.gemma4 import model as gemma4
 from tunix.sft import hooks
 
 from gemma_devcluster import tiny
+from gemma_workloads import compilation_cache
 from gemma_workloads.config import ATTENTION_PATHS, REMAT_POLICIES, DatasetConfig, LoraConfig, TrainConfig
 from gemma_workloads.training import attention as attention_paths
 from gemma_workloads.training import batches, lora, mesh
@@ -247,10 +248,22 @@ def main() -> None:
         action="store_true",
         help="only lower and compile each row's step from abstract inputs (no memory for the model needed)",
     )
+    parser.add_argument(
+        "--compilation-cache",
+        metavar="DIR",
+        help="compile through JAX's persistent cache in DIR (a second run reads the programs the first wrote)",
+    )
     args = parser.parse_args()
     if args.profile and args.steps < TRACED_STEP + 1:
         parser.error(f"--profile traces step {TRACED_STEP}: it needs --steps {TRACED_STEP + 1} or more")
 
+    with compilation_cache.persistent(args.compilation_cache) as cache:
+        measure(args)
+    if cache is not None:
+        print(f"\n{cache.summary()}")
+
+
+def measure(args: argparse.Namespace) -> None:
     cfg = model_config(args)
     chunk = args.loss_chunk or None
     variants = [] if args.no_baseline else [Variant("reference", "reference", None, "full")]
