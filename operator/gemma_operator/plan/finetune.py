@@ -301,6 +301,7 @@ def train_config(
         termination_grace_seconds=grace_seconds(spec.tpu, settings),
         peak_tflops_per_device=tpu.GENERATIONS[place.accelerator].peak_bf16_tflops if place.slice else None,
         evaluation=evaluation.train_config(spec),
+        scan_layers=t.scan_layers,
         compilation_cache_dir=cache_dir,
     )
 
@@ -353,12 +354,12 @@ def _run_ids(spec: api.GemmaFineTuneSpec) -> tuple[str, str]:
     method = {} if spec.method == "sft" else spec.model_dump(mode="json", include={"method", "preference"})
     run = digest(
         {
-            # Where compiled programs are cached does not change what a run computes: turning the
-            # cache off or on keeps the run (and resumes it).
+            # How the step is compiled does not change what a run computes (the scanned layers' and the
+            # unrolled ones' checkpoints are the same): switching either keeps the run and resumes it.
             **spec.model_dump(
                 mode="json",
                 include={"model", "dataset", "lora", "training"},
-                exclude={"training": {"compilation_cache"}},
+                exclude={"training": {"compilation_cache", "scan_layers"}},
             ),
             **method,
             **evaluation.run_inputs(spec),

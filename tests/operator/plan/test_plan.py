@@ -53,6 +53,8 @@ def test_run_id_follows_training_inputs_only():
     assert plan(finetune("r").tpu("v5p").training(learningRate=2e-4)).run != a.run
     assert plan(finetune("r").tpu("v5p").set("merge.dtype", "float32")).merge_id != a.merge_id
     assert plan(finetune("r").tpu("v5p").training(compilationCache=False)).run == a.run, "the cache is not an input"
+    unrolled = plan(finetune("r").tpu("v5p").training(scanLayers=False))
+    assert unrolled.run == a.run and a.train.scan_layers and not unrolled.train.scan_layers, "same checkpoints"
 
 
 def test_every_pod_of_every_run_shares_one_compilation_cache():
