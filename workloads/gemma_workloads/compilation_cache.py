@@ -36,9 +36,9 @@ from jax.experimental.compilation_cache import compilation_cache as jax_cache
 log = logging.getLogger("gemma_workloads.compilation_cache")
 
 # Programs compiled faster than this are not written (JAX's default threshold, kept deliberately).
-# On the tiny model on CPU the step and the LoRA set-up took 18 of 19.5 s of compiling; the other
-# 57 programs took 1.6 s together: caching them too saved 0.6 s and wrote 57 more files, each a
-# request of its own on gs://.
+# On the tiny model on CPU the step and the LoRA set-up took 17.9 of 19.1 s of compiling; the other
+# 57 programs took 1.1 s together: caching them too saved about 0.6 s and wrote 57 more files, each
+# a request of its own on gs://.
 MIN_COMPILE_SECONDS = 1.0
 
 # jax.monitoring events (jax/_src/compiler.py, compilation_cache.py; JAX 0.10 and 0.11)

@@ -1,7 +1,7 @@
 """Decoder layers scanned over repetitions of the attention pattern (training/scan.py) compute what
 the unrolled layers compute, the frozen weights held stacked: logits, losses and LoRA gradients,
-greedy decoding with the KV cache, and training resumed across the two layouts, whose checkpoints
-keep the unrolled one."""
+greedy decoding with the KV cache, training resumed across the two layouts, whose checkpoints keep
+the unrolled one, and training on a mesh of four devices."""
 
 import functools
 import shutil
@@ -12,11 +12,12 @@ import pytest
 from flax import nnx
 
 from gemma_devcluster import tiny
+from gemma_workloads.config import EXIT_OK, TrainConfig
 from gemma_workloads.training import attention, loss, mesh, remat, scan
 from gemma_workloads.training import trainer as train
 from gemma_workloads.training.evaluation import greedy
 from tests.workloads.training import tiny_lora
-from tests.workloads.training.test_train import lora_params, make_config
+from tests.workloads.training.test_train import elsewhere, lora_params, make_config, run_cli
 
 S, G = "sliding_attention", "full_attention"
 FIVE = tiny.TinyConfig(layer_types=(S, G, S, G, S))  # two periods of (sliding, global), then one layer
@@ -86,22 +87,46 @@ def test_greedy_decoding_with_the_kv_cache_is_the_same_scanned():
     assert answers[0] == answers[1] and all(len(a) == 6 for a in answers[1])
 
 
-@pytest.mark.slow
-def test_a_run_resumes_across_the_layouts_and_keeps_the_unrolled_checkpoints(tmp_path):
-    """Four steps of the seed recipe (LoRA dropout included) unrolled, checkpointed at steps 2 and
-    4; then its step 2 (LoRA and Adam state) resumed with the layers scanned: steps 3 and 4 are the
-    same, and so is the checkpoint they write, key for key."""
-    model = tiny.write_checkpoint(tmp_path / "five-layers", FIVE, shards=1)
-    unrolled = make_config(tmp_path, str(model.path), steps=4, warmup_steps=0, checkpoint_every=2, scan_layers=False)
-    unrolled = unrolled.model_copy(update={"dataset": unrolled.dataset.model_copy(update={"eval_fraction": 0.0})})
-    first = train.run(unrolled)
-    resumed = unrolled.model_copy(update={"output_dir": str(tmp_path / "resumed"), "scan_layers": True})
-    shutil.copytree(unrolled.checkpoint_dir, resumed.checkpoint_dir, ignore=shutil.ignore_patterns("4"))
-    second = train.run(resumed)
-    assert [p.step for p in second.history] == [3, 4]
-    np.testing.assert_allclose([p.loss for p in second.history], [p.loss for p in first.history[2:]], rtol=1e-5)
-    ours, theirs = lora_params(resumed.checkpoint_dir, 4), lora_params(unrolled.checkpoint_dir, 4)
+@pytest.fixture(scope="module")
+def unrolled(tmp_path_factory) -> tuple[TrainConfig, train.Outcome]:
+    """Four steps of the seed recipe (LoRA dropout included) on a five-layer checkpoint, unrolled,
+    checkpointed at steps 2 and 4."""
+    tmp = tmp_path_factory.mktemp("unrolled")
+    model = tiny.write_checkpoint(tmp / "five-layers", FIVE, shards=1)
+    config = make_config(tmp, str(model.path), steps=4, warmup_steps=0, checkpoint_every=2, scan_layers=False)
+    config = config.model_copy(update={"dataset": config.dataset.model_copy(update={"eval_fraction": 0.0})})
+    return config, train.run(config)
+
+
+def assert_same_adapter(checkpoint_dir: str, expected_dir: str) -> None:
+    ours, theirs = lora_params(checkpoint_dir, 4), lora_params(expected_dir, 4)
     assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
     assert "layers/4/mlp/down_proj/kernel_lora_b/value" in ours, "the layer after the scan, at its own index"
     for key in ours:  # Adam's normalised steps amplify differences of summation order a little
         np.testing.assert_allclose(ours[key], theirs[key], rtol=0, atol=1e-4, err_msg=key)
+
+
+@pytest.mark.slow
+def test_a_run_resumes_across_the_layouts_and_keeps_the_unrolled_checkpoints(unrolled, tmp_path):
+    """The unrolled run's step 2 (LoRA and Adam state) resumed with the layers scanned: steps 3 and
+    4 are the same, and so is the checkpoint they write, key for key."""
+    config, first = unrolled
+    resumed = config.model_copy(update={"output_dir": str(tmp_path / "resumed"), "scan_layers": True})
+    shutil.copytree(config.checkpoint_dir, resumed.checkpoint_dir, ignore=shutil.ignore_patterns("4"))
+    second = train.run(resumed)
+    assert [p.step for p in second.history] == [3, 4]
+    np.testing.assert_allclose([p.loss for p in second.history], [p.loss for p in first.history[2:]], rtol=1e-5)
+    assert_same_adapter(resumed.checkpoint_dir, config.checkpoint_dir)
+
+
+@pytest.mark.slow
+def test_scanned_layers_on_four_devices_train_as_unrolled_ones_on_one(unrolled, tmp_path):
+    """The default (1, 4) mesh: the stacked weights and factors keep their layer axis whole and the
+    rest sharded as Tunix annotates them (replicated where tp does not divide)."""
+    config, first = unrolled
+    scanned = elsewhere(config, tmp_path, scan_layers=True)
+    ended = run_cli(scanned, tmp_path, "four-devices", devices=4)
+    assert ended.code == EXIT_OK, ended.stderr
+    assert "mesh fsdp=1 x tp=4" in ended.stderr and "layers scanned: 2 x 2 layers, then 1 unrolled" in ended.stderr
+    np.testing.assert_allclose([p.loss for p in ended.progress], [p.loss for p in first.history], rtol=2e-4)
+    assert_same_adapter(scanned.checkpoint_dir, config.checkpoint_dir)
