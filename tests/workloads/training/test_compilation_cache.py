@@ -48,10 +48,11 @@ def test_the_second_run_reads_the_programs_the_first_compiled(two_runs):
 
 @pytest.mark.slow
 def test_entries_that_cannot_be_read_cost_a_compile_not_the_run(two_runs, tmp_path):
-    """Truncated and garbage entries (a write cut short, a disk error), in place: the cache's path
-    is part of every key (JAX hashes the compile options, which name the GPU autotuning cache inside
-    it: jax/_src/compiler.py, `get_compile_options`), so a copy elsewhere would simply miss. JAX
-    warns and compiles (jax/_src/compiler.py, `_cache_read`); the steps are those of the intact cache."""
+    """Truncated and garbage entries (a write cut short, a disk error), in place: with JAX 0.10.2
+    the cache's path is part of every key (JAX hashes the compile options, which name the GPU
+    autotuning cache inside it: jax/_src/compiler.py, `get_compile_options`), so a copy elsewhere
+    would simply miss. JAX warns and compiles (jax/_src/compiler.py, `_cache_read`); the steps are
+    those of the intact cache."""
     config, first, written, _ = two_runs
     for name in written:
         entry = Path(config.compilation_cache_dir) / name
