@@ -26,7 +26,6 @@ the other layout read the same files.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Sequence
 
 import jax
@@ -34,8 +33,6 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 from tunix.models.gemma4 import model as gemma4
-
-log = logging.getLogger(__name__)
 
 
 def period_of(kinds: Sequence) -> int:

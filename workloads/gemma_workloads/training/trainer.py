@@ -192,6 +192,7 @@ class Trainer(peft_trainer.PeftTrainer):
         return train_step
 
     def close(self) -> None:
+        """Tunix's, after which the compilation cache counts again what evaluation compiles."""
         super().close()
         compilation_cache.listen_again()
 
