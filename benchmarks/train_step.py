@@ -15,8 +15,15 @@ the table gives the first step's (before any update) and the last's.
         # whole logits, whole-layer remat) runs too, then one fast row per remat policy, then each
         # lever alone; one step of each fast row is traced and summarised (profile_summary.py)
 
+    python benchmarks/train_step.py --preset 31b --layers 60 --seq 3072 --micro-batch 1 --rank 64 \
+        --dtype bfloat16 --compile-only [--no-scan]
+        # each row's step lowered and compiled from abstract inputs, nothing allocated or run
+        # (compile_only.py): compile seconds, HLO size and matrix products, on any machine
+
 Rows are printed as they are measured; a row that runs out of device memory says so and the
-others go on.
+others go on. Each row's "compile s" is XLA's compilation of its step alone (JAX's compile events
+for it), apart from the row's whole set-up, which its last line gives, tracing included. The
+layers are scanned unless --no-scan (training/scan.py).
 
 MFU counts model FLOPs (metrics.py: forward + gradients, causal and windowed attention, no
 recompute); HFU the FLOPs the hardware did: the recompute of the remat policy (with "dots", the
@@ -31,6 +38,7 @@ of a large matmul in the run's dtype (bf16 with --dtype bfloat16, as on GPU and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import statistics
@@ -47,6 +55,7 @@ from tunix.models.gemma4 import model as gemma4
 from tunix.sft import hooks
 
 from gemma_devcluster import tiny
+from gemma_workloads import compilation_cache
 from gemma_workloads.config import ATTENTION_PATHS, REMAT_POLICIES, DatasetConfig, LoraConfig, TrainConfig
 from gemma_workloads.training import attention as attention_paths
 from gemma_workloads.training import batches, lora, mesh
@@ -96,14 +105,15 @@ def _filler(shape: tuple[int, ...], dtype, sharding: jax.sharding.Sharding):
     return jax.jit(lambda k: 0.02 * jax.random.normal(k, shape, dtype), out_shardings=sharding)
 
 
-def _profile_summary():
-    """profile_summary.py, beside this file: on the path when this runs as a script, a module of
-    the benchmarks folder when a test imports this one."""
+def _beside(name: str):
+    """A module beside this file (profile_summary.py, compile_only.py): on the path when this runs
+    as a script, a module of the benchmarks folder when a test imports this one."""
+    import importlib
+
     try:
-        from benchmarks import profile_summary
+        return importlib.import_module(f"benchmarks.{name}")
     except ImportError:
-        import profile_summary
-    return profile_summary
+        return importlib.import_module(name)
 
 
 def synthetic_rows(count: int, seq: int, vocab: int) -> batches.Rows:
@@ -133,6 +143,7 @@ class Measured:
     hardware_flops: float  # per token
     first_loss: float  # before any update: the same weights and tokens for every path
     last_loss: float
+    compile_seconds: float  # XLA's compilation of the step
 
 
 def matmul_ceiling(size: int, dtype: str, repeats: int = 10) -> float:
@@ -226,10 +237,33 @@ def main() -> None:
     )
     parser.add_argument("--ceiling-size", type=int, help="matmul size for the ceiling (default 8192; 4096 on CPU)")
     parser.add_argument("--peak-tflops", type=float, help="per device; default: by device kind (none for CPUs)")
+    parser.add_argument(
+        "--scan",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="scan the decoder layers over repetitions of the attention pattern (--no-scan: unrolled)",
+    )
+    parser.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="only lower and compile each row's step from abstract inputs (no memory for the model needed)",
+    )
+    parser.add_argument(
+        "--compilation-cache",
+        metavar="DIR",
+        help="compile through JAX's persistent cache in DIR (a second run reads the programs the first wrote)",
+    )
     args = parser.parse_args()
     if args.profile and args.steps < TRACED_STEP + 1:
         parser.error(f"--profile traces step {TRACED_STEP}: it needs --steps {TRACED_STEP + 1} or more")
 
+    with compilation_cache.persistent(args.compilation_cache) as cache:
+        measure(args)
+    if cache is not None:
+        print(f"\n{cache.summary()}")
+
+
+def measure(args: argparse.Namespace) -> None:
     cfg = model_config(args)
     chunk = args.loss_chunk or None
     variants = [] if args.no_baseline else [Variant("reference", "reference", None, "full")]
@@ -243,6 +277,9 @@ def main() -> None:
             Variant("loss", "reference", chunk, "full"),
             Variant("remat", "reference", None, args.remat[0]),
         ]
+    if args.compile_only:
+        compile_rows(args, cfg, variants)
+        return
     size = args.ceiling_size or (4096 if jax.default_backend() == "cpu" else 8192)
     table = Table(args, matmul_ceiling(size, args.dtype))
     table.header(cfg, size)
@@ -261,7 +298,7 @@ def main() -> None:
         peak = f", device memory peak so far {stats['peak_bytes_in_use'] / 2**30:.1f} GiB" if stats else ""
         print(f"  ({variant.name}: {time.perf_counter() - began:.0f} s with set-up and compilation{peak})", flush=True)
         if trace and any(trace.glob("plugins/profile/*/*.trace.json.gz")):  # a row that stopped early has none
-            summary = _profile_summary().summarise(trace)
+            summary = _beside("profile_summary").summarise(trace)
             (trace / "summary.txt").write_text(summary)
             print(
                 f"\n{variant.name}: step {TRACED_STEP} traced into {trace}\n"
@@ -269,6 +306,33 @@ def main() -> None:
                 + "\n"
             )
     table.footer()
+
+
+def compile_rows(args: argparse.Namespace, cfg: gemma4.ModelConfig, variants: list[Variant]) -> None:
+    """Each row's step lowered and compiled from abstract inputs (compile_only.py), nothing run."""
+    compiler = _beside("compile_only")
+    print(
+        f"model       {args.preset} x {cfg.num_layers} layers, {args.dtype}, LoRA rank {args.rank}\n"
+        f"devices     {jax.device_count()} x {jax.devices()[0].device_kind}, jax {jax.__version__}\n"
+        f"batch       {args.micro_batch} x {args.seq} tokens; compiled only, from abstract inputs\n"
+    )
+    print(
+        f"{'path':10} {'attention':10} {'loss':>7} {'remat':7} {'layers':9} {'lower s':>8} {'compile s':>10} {'CPU s':>7} "
+        f"{'HLO instr':>10} {'dots':>6} {'shapes':>6} {'temp GiB':>9}"
+    )
+    batch = batches.Batches(synthetic_rows(args.micro_batch, args.seq, cfg.num_embed), args.micro_batch, seed=0).next()
+    for variant in variants:
+        with tempfile.TemporaryDirectory(prefix="train-step-bench-") as out:
+            c = compiler.compile_step(cfg, train_config(args, variant, out), batch, args.steps)
+        temp = f"{c.temp_bytes / 2**30:9.2f}" if c.temp_bytes is not None else f"{'n/a':>9}"
+        resolved = attention_paths.resolve(variant.attention)
+        print(
+            f"{variant.name:10} {resolved:10} {str(variant.loss_chunk or 'whole'):>7} {variant.remat:7} {c.layers:9} "
+            f"{c.lower_seconds:8.1f} {c.compile_seconds:10.1f} {c.compile_cpu_seconds:7.1f} {c.instructions:10d} "
+            f"{c.dots:6d} {c.dot_shapes:6d} {temp}",
+            flush=True,
+        )
+        gc.collect()
 
 
 TRACED_STEP = 3  # the first compiles, the second may still wait on it
@@ -315,8 +379,8 @@ class StepTrace(hooks.TrainingHooks):
         self.inner.on_eval_step_end(train_ctx, eval_loss)
 
 
-def run(args: argparse.Namespace, cfg: gemma4.ModelConfig, variant: Variant, out: str, trace: Path | None) -> Measured:
-    config = TrainConfig(
+def train_config(args: argparse.Namespace, variant: Variant, out: str) -> TrainConfig:
+    return TrainConfig(
         model_path="(random weights)",
         model_dtype=args.dtype,
         dataset=DatasetConfig(path="(random tokens)", max_seq_len=args.seq),
@@ -332,14 +396,45 @@ def run(args: argparse.Namespace, cfg: gemma4.ModelConfig, variant: Variant, out
         attention=variant.attention,
         loss_chunk_tokens=variant.loss_chunk,
         remat_policy=variant.remat,
+        scan_layers=args.scan,
     )
+
+
+class CompileClock:
+    """Seconds JAX spent tracing and compiling the training step while it is on (jax.monitoring's
+    events carry the function's name; jax/_src/dispatch.py)."""
+
+    EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/backend_compile_duration")
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(self.EVENTS, 0.0)
+
+    def __call__(self, event: str, duration_secs: float, fun_name: str = "", **_) -> None:
+        if event in self.seconds and "train_step" in str(fun_name):
+            self.seconds[event] += duration_secs
+
+    def __enter__(self) -> CompileClock:
+        jax.monitoring.register_event_duration_secs_listener(self)
+        return self
+
+    def __exit__(self, *_) -> None:
+        with contextlib.suppress(AssertionError, ValueError):  # Tunix's trainer clears every listener as it closes
+            jax.monitoring.unregister_event_duration_listener(self)
+
+    @property
+    def compile_seconds(self) -> float:
+        return self.seconds[self.EVENTS[1]]
+
+
+def run(args: argparse.Namespace, cfg: gemma4.ModelConfig, variant: Variant, out: str, trace: Path | None) -> Measured:
+    config = train_config(args, variant, out)
     rows = synthetic_rows(config.batch_size * args.steps, args.seq, cfg.num_embed)
     data = train.Data(batches.Batches(rows, args.micro_batch, seed=0, accumulation=args.accumulation), [], args.steps)
     device_mesh = mesh.make_mesh(None)
-    with Preemption(0, multi_host=False) as preemption, mesh.active(device_mesh):
+    with Preemption(0, multi_host=False) as preemption, mesh.active(device_mesh), CompileClock() as clock:
         base = random_model(cfg, device_mesh)
         lora_model, dropout = train.adapt(base, config, device_mesh)
-        resolved = lora_model.layers[0].attn.attention_path
+        resolved = attention_paths.resolve(variant.attention)
         trainer = train.make_trainer(lora_model, config, args.steps, device_mesh)
         if trace:  # fit() installs the progress reporter: trace around it
             install = trainer.with_training_hooks
@@ -364,6 +459,7 @@ def run(args: argparse.Namespace, cfg: gemma4.ModelConfig, variant: Variant, out
         hardware,
         reporter.history[0].loss,
         reporter.history[-1].loss,
+        clock.compile_seconds,
     )
 
 
@@ -391,7 +487,7 @@ class Table:
             + (f" ({100 * self.ceiling / self.peak:.1f} % of the {self.peak:g} TFLOP/s peak)" if self.peak else "")
         )
         print(
-            f"\n{'path':10} {'attention':10} {'loss':>7} {'remat':7} {'step s':>8} {'tokens/s':>10} "
+            f"\n{'path':10} {'attention':10} {'loss':>7} {'remat':7} {'compile s':>9} {'step s':>8} {'tokens/s':>10} "
             f"{'MFU':>7} {'HFU':>7} {'MFU/ceil':>9} {'HFU/ceil':>9} {'speed':>6} {'loss 1':>8} {'loss N':>8}",
             flush=True,
         )
@@ -406,7 +502,7 @@ class Table:
         self.first = self.first or m
         tflops = m.tokens_per_second / jax.device_count() / 1e12
         print(
-            f"{self._lead(m.variant, m.attention)} {m.step_seconds:8.3f} {m.tokens_per_second:10.1f} "
+            f"{self._lead(m.variant, m.attention)} {m.compile_seconds:9.1f} {m.step_seconds:8.3f} {m.tokens_per_second:10.1f} "
             f"{self._pct(tflops, m.model_flops)} {self._pct(tflops, m.hardware_flops)} "
             f"{100 * tflops * m.model_flops / self.ceiling:8.2f}% {100 * tflops * m.hardware_flops / self.ceiling:8.2f}% "
             f"{m.tokens_per_second / self.first.tokens_per_second:5.2f}x {m.first_loss:8.4f} {m.last_loss:8.4f}",

@@ -207,6 +207,17 @@ class OperatorSettings(_Settings):
         default_factory=lambda: {"XLA_FLAGS": "--xla_llvm_disable_expensive_passes=true"},
         description="Environment variables of every training container.",
     )
+    # JAX warns that whoever can write a compilation cache can run code in the processes that read it:
+    # each fine-tune's own cache sits beside its checkpoints, and a shared one is the platform's choice.
+    compilation_cache_uri: Annotated[
+        str | None,
+        Field(
+            pattern=r"^gs://.+",
+            description="A gs:// prefix where the training, evaluation and merge pods of every namespace keep "
+            "their compiled XLA programs, one folder per namespace; unset: each GemmaFineTune's own, "
+            "<spec.output.uri>/compilation-cache.",
+        ),
+    ] = None
     termination_grace_seconds: Annotated[
         int, Field(ge=30, description="Time a preempted trainer gets to write its last checkpoint.")
     ] = 120

@@ -110,6 +110,16 @@ LabelSmoothing = Annotated[
 REMAT_POLICIES = ("none", "dots", "offload", "full")
 ATTENTION_PATHS = ("auto", "reference", "xla", "cudnn", "splash")  # gemma_workloads.training.attention
 
+# JAX's persistent compilation cache of a pod (gemma_workloads.compilation_cache says what it keys on).
+CompilationCacheDir = Annotated[
+    str | None,
+    Field(
+        description="JAX's persistent compilation cache, a local path or gs://: programs that took a second or "
+        "more to compile are written there and read back by any later process compiling the same program "
+        "(a restart, a resumed run, the next run of the same shapes); None: no cache."
+    ),
+]
+
 
 class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -233,6 +243,13 @@ class TrainConfig(_Config):
             description="Training attention kernel; auto: splash on TPU, cuDNN on GPU, Tunix's own (reference) elsewhere."
         ),
     ] = "auto"
+    scan_layers: Annotated[
+        bool,
+        Field(
+            description="Run the decoder layers as a scan over repetitions of the attention pattern, so that "
+            "compiling the step takes the same time at any depth; checkpoints keep the unrolled layout."
+        ),
+    ] = True
     loss_chunk_tokens: Annotated[
         int | None, Field(ge=1, description="Tokens per chunk of the cross-entropy; None: whole float32 logits.")
     ] = 512
@@ -252,6 +269,7 @@ class TrainConfig(_Config):
     ] = 30.0
     termination_log: str = TERMINATION_LOG
     evaluation: EvaluationConfig | None = None
+    compilation_cache_dir: CompilationCacheDir = None
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
@@ -357,6 +375,7 @@ class MergeConfig(_Config):
         str | None, Field(description="The PEFT adapter's folder; None: `<output_dir>-adapter`.")
     ] = None
     termination_log: str = TERMINATION_LOG
+    compilation_cache_dir: CompilationCacheDir = None
 
     @property
     def adapter_folder(self) -> str:

@@ -118,6 +118,22 @@ class Training(Model):
         ),
     ] = True
     mesh: Annotated[Mesh | None, Field(description="Override the derived mesh.")] = None
+    compilation_cache: Annotated[
+        bool,
+        Field(
+            description="Keep the compiled XLA programs of the training, evaluation and merge pods in a persistent "
+            "cache (under output.uri, or the operator's cluster-wide one), so that a restarted attempt, a resumed "
+            "run and the next run of the same shapes read them instead of compiling; false: every pod compiles anew."
+        ),
+    ] = True
+    scan_layers: Annotated[
+        bool,
+        Field(
+            description="Compile one period of the attention pattern and scan it over the decoder's depth, so "
+            "compiling takes the same time at any depth; false: every layer unrolled in the program. "
+            "Checkpoints are the same either way: switching resumes the run."
+        ),
+    ] = True
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> Training:

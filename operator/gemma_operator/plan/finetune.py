@@ -240,6 +240,17 @@ def _host(
 # ---------------------------------------------------------------------------- the workload configs
 
 
+def compilation_cache_dir(spec: api.GemmaFineTuneSpec, namespace: str, settings: OperatorSettings) -> str | None:
+    """Where the fine-tune's pods keep compiled XLA programs (JAX's persistent cache): the settings'
+    cluster-wide prefix, a folder per namespace, or else beside the fine-tune's runs, which all share
+    it; None with spec.training.compilationCache off."""
+    if not spec.training.compilation_cache:
+        return None
+    if settings.compilation_cache_uri:
+        return join(settings.compilation_cache_uri, namespace)
+    return join(spec.output.uri, "compilation-cache")
+
+
 def train_config(
     spec: api.GemmaFineTuneSpec,
     place: Placement,
@@ -248,6 +259,7 @@ def train_config(
     output_dir: str,
     settings: OperatorSettings,
     memory: fit.MemoryEstimate | None = None,
+    cache_dir: str | None = None,
 ) -> TrainConfig:
     """The training pod's config. The dataset and LoRA fields are the contract's own (api declares
     them with its types), so they are handed over whole; only the dataset's location is renamed.
@@ -282,6 +294,8 @@ def train_config(
         termination_grace_seconds=grace_seconds(place.spot, settings),
         peak_tflops_per_device=place.device.peak_bf16_tflops if place.device else None,
         evaluation=evaluation.train_config(spec),
+        scan_layers=t.scan_layers,
+        compilation_cache_dir=cache_dir,
     )
 
 
@@ -295,6 +309,7 @@ def merge_config(spec: api.GemmaFineTuneSpec, train: TrainConfig, merged_dir: st
         output=spec.merge.output,
         dtype=spec.merge.dtype,
         shard_size_bytes=fit.parse_size(spec.merge.shard_size),
+        compilation_cache_dir=train.compilation_cache_dir,
     )
 
 
@@ -332,7 +347,13 @@ def _run_ids(spec: api.GemmaFineTuneSpec) -> tuple[str, str]:
     method = {} if spec.method == "sft" else spec.model_dump(mode="json", include={"method", "preference"})
     run = digest(
         {
-            **spec.model_dump(mode="json", include={"model", "dataset", "lora", "training"}),
+            # How the step is compiled does not change what a run computes (the scanned layers' and the
+            # unrolled ones' checkpoints are the same): switching either keeps the run and resumes it.
+            **spec.model_dump(
+                mode="json",
+                include={"model", "dataset", "lora", "training"},
+                exclude={"training": {"compilation_cache", "scan_layers"}},
+            ),
             **method,
             **evaluation.run_inputs(spec),
         }
@@ -364,7 +385,9 @@ def plan_finetune(
     run, merge_id = _run_ids(spec)
     rdir = run_dir(spec.output.uri, run)
     merged, adapter = join(rdir, f"merged-{merge_id}"), join(rdir, f"adapter-{merge_id}")
-    train = train_config(spec, place, mesh, micro, rdir, settings, memory)
+    train = train_config(
+        spec, place, mesh, micro, rdir, settings, memory, compilation_cache_dir(spec, namespace, settings)
+    )
     merge = merge_config(spec, train, merged, adapter)
     price = pricing.chip_hour_price(settings, place.accelerator, place.spot)
     return FineTunePlan(

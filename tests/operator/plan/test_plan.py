@@ -52,6 +52,25 @@ def test_run_id_follows_training_inputs_only():
     assert plan(finetune("r").tpu("v5p").set("backoffLimit", 9)).run == a.run
     assert plan(finetune("r").tpu("v5p").training(learningRate=2e-4)).run != a.run
     assert plan(finetune("r").tpu("v5p").set("merge.dtype", "float32")).merge_id != a.merge_id
+    assert plan(finetune("r").tpu("v5p").training(compilationCache=False)).run == a.run, "the cache is not an input"
+    unrolled = plan(finetune("r").tpu("v5p").training(scanLayers=False))
+    assert unrolled.run == a.run and a.train.scan_layers and not unrolled.train.scan_layers, "same checkpoints"
+
+
+def test_every_pod_of_every_run_shares_one_compilation_cache():
+    """Beside the fine-tune's runs by default, so a restarted attempt, a resumed run and the next run
+    of the same shapes read what an earlier one compiled; a cluster-wide prefix from the settings
+    gets a folder per namespace; spec.training.compilationCache false turns it off."""
+    first, second = plan(finetune("c").tpu("v5p")), plan(finetune("c").tpu("v5p").training(learningRate=2e-4))
+    assert first.run != second.run
+    for p in (first, second):
+        assert p.train.compilation_cache_dir == p.merge.compilation_cache_dir == "gs://out/c/compilation-cache"
+    shared = OperatorSettings(compilation_cache_uri="gs://platform/xla-cache")
+    b = finetune("c").tpu("v5p")
+    p = plan_finetune(b.name, "team-a", b.spec, shared)
+    assert p.train.compilation_cache_dir == p.merge.compilation_cache_dir == "gs://platform/xla-cache/team-a"
+    off = plan(finetune("c").tpu("v5p").training(compilationCache=False))
+    assert off.train.compilation_cache_dir is None and off.merge.compilation_cache_dir is None
 
 
 def test_preset_inferred_from_hf_repo_and_hf_uri():

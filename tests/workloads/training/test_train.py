@@ -301,12 +301,20 @@ class Ended:
     result: TrainResult
 
 
-def run_cli(config: TrainConfig, tmp: Path, name: str, *, sigterm_at: int | None = None, devices: int = 1) -> Ended:
+def run_cli(
+    config: TrainConfig,
+    tmp: Path,
+    name: str,
+    *,
+    sigterm_at: int | None = None,
+    devices: int = 1,
+    env: dict[str, str] | None = None,
+) -> Ended:
     """`python -m gemma_workloads train` in a subprocess; SIGTERM once it reports `sigterm_at`."""
     path = tmp / f"{name}.json"
     path.write_text(config.dumps())
     err = tmp / f"{name}.stderr"
-    env = os.environ | {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    env = os.environ | {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"} | (env or {})
     with err.open("w") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gemma_workloads", "train", "--config", str(path)],

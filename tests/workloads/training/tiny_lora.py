@@ -21,10 +21,10 @@ LENGTH = 128  # splash attention's blocks are multiples of 128; the sliding wind
 SEGMENTS = ((0, 40, 1), (40, 100, 2), (0, 90, 1))
 
 
-def random_lora_model(dtype: str = "float32") -> gemma4.Gemma4:
+def random_lora_model(dtype: str = "float32", sizes: tiny.TinyConfig | None = None) -> gemma4.Gemma4:
     """Every weight random (Tunix builds some at zero), then LoRA with random B, so every
     projection and every adapter factor shapes the output."""
-    config = model.tunix_config(tiny.TinyConfig().hf_config(), dtype=dtype)
+    config = model.tunix_config((sizes or tiny.TinyConfig()).hf_config(), dtype=dtype)
     base = gemma4.Gemma4(config, rngs=nnx.Rngs(0))
     graph, state = nnx.split(base)
     keys = iter(jax.random.split(jax.random.key(1), 256))
@@ -70,8 +70,14 @@ def logits(lora_model: gemma4.Gemma4, batch: dict[str, np.ndarray]) -> np.ndarra
 
 def lora_grads(lora_model: gemma4.Gemma4, loss_fn, batch: dict[str, np.ndarray]) -> tuple[float, list[np.ndarray]]:
     """The loss and its gradient with respect to every LoRA factor."""
+    value, grads = lora_grad_state(lora_model, loss_fn, batch)
+    return value, [np.asarray(g, np.float32) for g in jax.tree.leaves(grads)]
+
+
+def lora_grad_state(lora_model: gemma4.Gemma4, loss_fn, batch: dict[str, np.ndarray]) -> tuple[float, nnx.State]:
+    """The loss and its gradient with respect to the LoRA factors, as the model's state."""
     value, grads = _value_and_lora_grads(loss_fn)(lora_model, batches.model_inputs(batch))
-    return float(value), [np.asarray(g, np.float32) for g in jax.tree.leaves(grads)]
+    return float(value), grads
 
 
 @functools.cache

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from threadpoolctl import threadpool_limits
 
-from gemma_workloads import preflight
+from gemma_workloads import compilation_cache, preflight
 from gemma_workloads.config import LORA_MODULES, MERGE_SHARD_WRITERS, MergeConfig, MergeResult
 from gemma_workloads.input_files import InputError
 from gemma_workloads.merging import checkpoint_reader as lora_checkpoint
@@ -190,6 +190,11 @@ def merge(config: MergeConfig) -> MergeResult:
     """Merge as configured; the result is what the termination message carries. The PEFT adapter is
     written first (it is small): one it cannot express is reported and the merged model still written,
     unless the adapter is all that was asked for."""
+    with compilation_cache.persistent(config.compilation_cache_dir):
+        return _merge(config)
+
+
+def _merge(config: MergeConfig) -> MergeResult:
     started = time.monotonic()
     preflight.check_merge_output(config)
     source = config.base_model_path

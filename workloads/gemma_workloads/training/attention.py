@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec as P
 from tunix.models.gemma4 import model as gemma4
 
 from gemma_workloads.config import ATTENTION_PATHS
+from gemma_workloads.training import scan
 
 Path = Literal["reference", "xla", "cudnn", "splash"]
 ATTENTION_OUTPUT = "attention_output"  # its checkpoint name, for remat policies that keep it
@@ -66,7 +67,7 @@ def use_attention(model: gemma4.Gemma4, path: str) -> Path:
     softcap = getattr(model.config, "attn_logits_soft_cap", None)
     if softcap is not None and chosen in ("xla", "cudnn"):
         raise ValueError(f"attention path {chosen!r} cannot apply the model's attention logit softcap {softcap}")
-    for layer in model.layers:
+    for layer in scan.decoder_layers(model):
         if not isinstance(layer.attn, FusedAttention):
             layer.attn.__class__ = FusedAttention
         layer.attn.attention_path = chosen

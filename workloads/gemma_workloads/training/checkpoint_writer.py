@@ -14,8 +14,11 @@ import time
 
 import orbax.checkpoint as ocp
 from etils import epath
+from flax import nnx
+from tunix.sft import checkpoint_manager
 
 from gemma_workloads.config import LORA_METADATA, LoraMetadata, TrainConfig, join
+from gemma_workloads.training import scan
 
 DATA_POSITION = "data_position"  # key of the data position in a step's custom metadata
 
@@ -59,6 +62,55 @@ def options(config: TrainConfig, total_steps: int, times: SaveTimes) -> ocp.Chec
         async_options=ocp.AsyncOptions(post_finalization_callback=times.committed),
         cleanup_tmp_directories=True,
     )
+
+
+class LayerOrderCheckpoints(checkpoint_manager.CheckpointManager):
+    """Tunix's checkpoint manager, which writes and reads a model whose layers are scanned in the
+    unrolled layout (`layers/<i>/...`), its LoRA parameters and optimizer state alike (scan.py)."""
+
+    def save(
+        self,
+        step: int,
+        model: nnx.Module,
+        optimizer: nnx.Optimizer | None = None,
+        save_only_lora_params: bool = False,
+        force: bool = False,
+        custom_metadata: dict | None = None,
+    ) -> bool:
+        manager = self._checkpoint_manager
+        if manager is None or not (force or manager.should_save(step)):  # Tunix asks after every step
+            return False
+        model_view, optimizer_view = _unrolled_views(model, optimizer)
+        return super().save(step, model_view, optimizer_view, save_only_lora_params, force, custom_metadata)
+
+    def maybe_restore(
+        self,
+        model: nnx.Module,
+        optimizer: nnx.Optimizer | None = None,
+        step: int | None = None,
+        restore_only_lora_params: bool = False,
+    ) -> tuple[int, dict]:
+        if step is None and self.latest_step() is None:
+            return 0, {}
+        model_view, optimizer_view = _unrolled_views(model, optimizer)
+        restored, metadata = super().maybe_restore(model_view, optimizer_view, step, restore_only_lora_params)
+        scanned = scan.decoder(model)
+        if restored and scanned is not None:
+            nnx.update(model, scan.restacked(nnx.state(model, nnx.LoRAParam), model_view, scanned))
+            if optimizer is not None:
+                state = nnx.state(optimizer, nnx.optimizer.OptState)
+                nnx.update(optimizer, scan.restacked(state, optimizer_view, scanned))
+        return restored, metadata
+
+
+def _unrolled_views(model: nnx.Module, optimizer: nnx.Optimizer | None) -> tuple:
+    """The LoRA parameters and the optimizer state as the unrolled model has them: the model and
+    optimizer themselves if its layers are not scanned."""
+    scanned = scan.decoder(model)
+    if scanned is None:
+        return model, optimizer
+    optimizer_view = optimizer and scan.unrolled(nnx.state(optimizer, nnx.optimizer.OptState), scanned)
+    return scan.unrolled(nnx.state(model, nnx.LoRAParam), scanned), optimizer_view
 
 
 def time_saves(manager, times: SaveTimes) -> None:

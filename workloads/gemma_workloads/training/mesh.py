@@ -109,6 +109,8 @@ def fit_to_mesh(module: nnx.Module, mesh: jax.sharding.Mesh, *, place: bool) -> 
             var.set_metadata(out_sharding=fitted)
         if place:
             target = NamedSharding(mesh, PartitionSpec(*fitted))
-            if not var[...].sharding.is_equivalent_to(target, len(var.shape)):
-                var[...] = jax.device_put(var[...], target)
+            value = var[...]
+            traced = isinstance(value, jax.core.Tracer)  # a model built abstractly (nnx.eval_shape) has no sharding yet
+            if traced or not value.sharding.is_equivalent_to(target, len(var.shape)):
+                var[...] = jax.device_put(value, target)
     return replicated

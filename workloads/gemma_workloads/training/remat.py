@@ -23,6 +23,7 @@ from flax import nnx
 from tunix.models.gemma4 import model as gemma4
 
 from gemma_workloads.config import REMAT_POLICIES
+from gemma_workloads.training import scan
 from gemma_workloads.training.attention import ATTENTION_OUTPUT
 
 
@@ -58,7 +59,7 @@ def use_remat(model: gemma4.Gemma4, name: str) -> None:
     if name == "offload" and not offload_supported():
         raise ValueError(f"remat policy 'offload' needs pinned host memory, which {jax.devices()[0].platform} lacks")
     model.config.remat_config = gemma4.RematConfig.NONE  # Tunix's own switch off: the layers decide
-    for layer in model.layers:
+    for layer in scan.decoder_layers(model):
         if not isinstance(layer, RematLayer):
             layer.__class__ = RematLayer
         layer.remat_policy = name

@@ -23,12 +23,13 @@ from flax import nnx
 from tunix.models.gemma4 import model as gemma4
 from tunix.sft import peft_trainer
 
+from gemma_workloads import compilation_cache
 from gemma_workloads.config import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, Progress, TrainConfig, TrainResult
 from gemma_workloads.data import TextCodec, read_examples
 from gemma_workloads.input_files import InputError
 from gemma_workloads.model_folder import check_model_folder
 from gemma_workloads.sources import resolve_model
-from gemma_workloads.training import attention, lora, loss, mesh, pairs, preference_loss, remat
+from gemma_workloads.training import attention, lora, loss, mesh, pairs, preference_loss, remat, scan
 from gemma_workloads.training import batches as batching
 from gemma_workloads.training import checkpoint_writer as checkpoints
 from gemma_workloads.training import flops as metrics
@@ -136,6 +137,19 @@ class Trainer(peft_trainer.PeftTrainer):
     mesh: jax.sharding.Mesh | None = None
     save_times: checkpoints.SaveTimes | None = None
     _jitted_train_step_fn: Any  # Tunix's: None until its first step compiles
+    _checkpoints: checkpoints.LayerOrderCheckpoints
+
+    @property
+    def checkpoint_manager(self) -> checkpoints.LayerOrderCheckpoints:
+        return self._checkpoints
+
+    @checkpoint_manager.setter
+    def checkpoint_manager(self, manager) -> None:
+        """Tunix's constructor makes its checkpoint manager and restores from it at once: the
+        manager becomes a LayerOrderCheckpoints as it is set, so checkpoints keep the unrolled
+        layout when the layers are scanned."""
+        manager.__class__ = checkpoints.LayerOrderCheckpoints
+        self._checkpoints = manager
 
     def jit_train_and_eval_step(self, skip_jit: bool = False, cache_nnx_graph: bool = False):
         """Tunix's jitted steps, with the model donated as well as the optimizer: otherwise every
@@ -177,6 +191,11 @@ class Trainer(peft_trainer.PeftTrainer):
 
         return train_step
 
+    def close(self) -> None:
+        """Tunix's, after which the compilation cache counts again what evaluation compiles."""
+        super().close()
+        compilation_cache.listen_again()
+
     def custom_checkpoint_metadata(self) -> dict:
         return {checkpoints.DATA_POSITION: self.feed.batches.state()} if self.feed else {}
 
@@ -191,8 +210,10 @@ def adapt(
     """LoRA on the base model, placed on the mesh, with attention, remat and dropout as configured."""
     model = lora.apply_lora(model, config.lora, seed=config.seed)
     mesh.fit_to_mesh(model, device_mesh, place=True)
-    log.info("attention: %s; remat: %s", attention.use_attention(model, config.attention), config.remat)
+    chosen = attention.use_attention(model, config.attention)
     remat.use_remat(model, config.remat)
+    layers = scan.scan_layers(model, device_mesh) if config.scan_layers else "unrolled"
+    log.info("attention: %s; remat: %s; layers %s", chosen, config.remat, layers)
     dropout = nnx.Rngs(dropout=config.seed) if config.lora.dropout > 0 else None
     if dropout is not None:
         model.set_attributes(qwix_rngs=dropout)  # Qwix draws LoRA dropout masks from here
@@ -307,7 +328,13 @@ def fit(
 
 
 def run(config: TrainConfig) -> Outcome:
-    """Train (or resume) to the end, or until preempted."""
+    """Train (or resume) to the end, or until preempted, compiling through the persistent
+    compilation cache where the config names one."""
+    with compilation_cache.persistent(config.compilation_cache_dir):
+        return _train(config)
+
+
+def _train(config: TrainConfig) -> Outcome:
     source = config.model_path
     config = config.model_copy(update={"model_path": resolve_model(source)})
     if config.model_path != source:  # downloaded (hf://): checked now that it is here
