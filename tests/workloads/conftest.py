@@ -1,5 +1,7 @@
 """Shared fixtures: tiny Gemma 4 checkpoints made once per session."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -82,12 +84,16 @@ def lora_run(tiny_sharded, token_ids, tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def compilation_cache(tmp_path_factory):
-    """One persistent JAX compilation cache for the session, shared with the training
-    subprocesses: each distinct program compiles once (tens of seconds on two cores)."""
+    """One persistent JAX compilation cache for the whole run, shared by every pytest-xdist worker
+    and the training subprocesses: each distinct program compiles once (seconds each on two cores).
+    It lives beside the workers' own folders, in the run's temporary root."""
     import jax
 
+    root = tmp_path_factory.getbasetemp()
+    run_root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    (run_root / "jax-cache").mkdir(exist_ok=True)
     settings = {
-        "jax_compilation_cache_dir": str(tmp_path_factory.mktemp("jax-cache")),
+        "jax_compilation_cache_dir": str(run_root / "jax-cache"),
         "jax_persistent_cache_min_compile_time_secs": 0,
         "jax_persistent_cache_min_entry_size_bytes": 0,
     }
