@@ -68,10 +68,11 @@ demo-real: venv vllm-venv
 # Two workers: compiling XLA programs, most of a test's time here, takes one core.
 TEST_WORKERS ?= 2
 test: venv vllm-venv
-	GEMMA_VLLM_PYTHON=$(abspath $(VLLM_VENV)/bin/python) $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	GEMMA_VLLM_PYTHON=$(abspath $(VLLM_VENV)/bin/python) $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20
 
+# The inner loop: the operator, its API, manifests, CLI and packaging, no training, merging, XLA or vLLM.
 test-fast: venv
-	$(VENV)/bin/python -m pytest -q -m "not slow and not control_plane"
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not control_plane and not ml"
 
 # The tier against a real kube-apiserver and kube-controller-manager (tests/control_plane and every test
 # using the control_plane fixture): the binaries from GEMMA_K8S_DIR, else ../shared/k8s.

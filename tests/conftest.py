@@ -13,6 +13,12 @@ from gemma_devcluster.apiserver import ApiServer
 from tests.support.cluster import Cluster
 
 CRDS = Path(__file__).resolve().parents[1] / "manifests" / "crds"
+# XLA's CPU backend with LLVM at -O0 and without its expensive passes (the second is what the training
+# pods run with, settings.training_env): the tests' tiny programs compile in about half the CPU time and
+# run a little slower, a trade every test that compiles wins. Set before any test process starts JAX;
+# the subprocesses inherit it, and the tests that set their own XLA_FLAGS add to it.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 MARK = "control_plane"  # every test that talks to the real API server carries it (pytest_collection_modifyitems)
 
 
@@ -61,10 +67,16 @@ def namespace(control_plane):
     control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
+# The folders whose tests train, merge, compile XLA programs or start vLLM; `make test-fast` leaves them out.
+ML_FOLDERS = ("tests/workloads/training/", "tests/workloads/merging/", "tests/serving/", "tests/e2e/")
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "control_plane" in getattr(item, "fixturenames", ()):
             item.add_marker(MARK)
+        if item.nodeid.startswith(ML_FOLDERS):
+            item.add_marker("ml")
         if item.get_closest_marker(MARK):  # its reports carry it: a keyword would also match the folder's name
             item.user_properties.append(("tier", MARK))
 

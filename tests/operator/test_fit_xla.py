@@ -48,6 +48,7 @@ from gemma_devcluster import tiny
 from gemma_operator import fit
 from gemma_operator.model_shapes import ModelShape
 
+pytestmark = pytest.mark.ml  # compiles the workload's step with XLA
 ROOT = Path(__file__).resolve().parents[2]
 STATE_TOLERANCE = 0.02
 MESH_STATE_SLACK = 0.25
@@ -95,7 +96,7 @@ FOUR_DEVICES = [
 def _measure(configs: list[dict], devices: int) -> list[dict]:
     env = {
         **os.environ,
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {NO_BARRIER_EXPANSION}",
+        "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={devices} {NO_BARRIER_EXPANSION}",
         "JAX_PLATFORMS": "cpu",
     }
     run = subprocess.run(

@@ -173,7 +173,7 @@ print(float(jnp.abs(got - want).max()), float(jnp.abs(grad - want_grad).max()))
 def test_splash_runs_per_device_on_a_mesh():
     """On a 2 x 2 mesh each device runs the kernel on its rows and heads (shard_map), with the
     result of the unsharded XLA attention."""
-    env = os.environ | {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env = os.environ | {"XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=4"}
     done = subprocess.run([sys.executable, "-c", SHARDED_SPLASH], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     value_error, grad_error = map(float, done.stdout.split())

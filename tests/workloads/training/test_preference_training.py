@@ -16,7 +16,9 @@ from gemma_workloads.training import trainer as train
 from tests.workloads.training.test_train import elsewhere, lora_params, run_cli, step_of
 from tests.workloads.training.test_train import make_config as train_config
 
-RUNS = [("dpo", "float32"), ("dpo", "bfloat16"), ("orpo", "float32"), ("orpo", "bfloat16")]
+# bf16 once, with ORPO: its odds ratio (log1p of -exp of a mean log-probability) is the term that
+# bf16 would break first; the log-probabilities themselves come from the float32 chunked loss in both methods.
+RUNS = [("dpo", "float32"), ("orpo", "float32"), ("orpo", "bfloat16")]
 # ORPO's odds-ratio term works on mean per-token log-probabilities, where the one token that tells the
 # answers apart weighs a tenth: it needs more steps than DPO to learn the same preference.
 STEPS, EVERY = {"dpo": 24, "orpo": 32}, 8

@@ -57,14 +57,14 @@ def test_the_base_weights_are_held_stacked():
     assert sizes[0] == sizes[1], "the same parameters, restacked"
 
 
-@pytest.mark.parametrize(
-    ("remat_policy", "path", "chunk"), [("full", "reference", None), ("dots", "xla", 32)], ids=["reference", "fast"]
-)
-def test_scanned_layers_give_the_unrolled_loss_and_gradients(remat_policy, path, chunk):
+def test_scanned_layers_give_the_unrolled_loss_and_gradients():
+    """The fast path's pieces inside the scan: `dots` remat around each scanned layer, the XLA
+    attention kernel and the chunked loss. The default path (reference attention, whole logits) is
+    trained scanned by the resume test below; the forward alone (evaluation's) is the greedy test's."""
     batch = tiny_lora.packed_batch()
-    loss_fn = loss.trainer_loss(chunk)
-    unrolled = five_layer_model(scanned=False, remat_policy=remat_policy, path=path)
-    scanned = five_layer_model(scanned=True, remat_policy=remat_policy, path=path)
+    loss_fn = loss.trainer_loss(32)
+    unrolled = five_layer_model(scanned=False, remat_policy="dots", path="xla")
+    scanned = five_layer_model(scanned=True, remat_policy="dots", path="xla")
     value, grads = tiny_lora.lora_grad_state(unrolled, loss_fn, batch)
     scanned_value, scanned_grads = tiny_lora.lora_grad_state(scanned, loss_fn, batch)
     assert scanned_value == pytest.approx(value, rel=1e-6)
@@ -74,7 +74,6 @@ def test_scanned_layers_give_the_unrolled_loss_and_gradients(remat_policy, path,
     assert got.keys() == expected.keys() and any(p[:2] == ("layers", 4) for p in got), "every layer's LoRA"
     for key, value in expected.items():
         tiny_lora.assert_close(got[key], value, "float32")
-    tiny_lora.assert_close(tiny_lora.logits(scanned, batch), tiny_lora.logits(unrolled, batch), "float32")
 
 
 def test_greedy_decoding_with_the_kv_cache_is_the_same_scanned():
@@ -98,12 +97,12 @@ def unrolled(tmp_path_factory) -> tuple[TrainConfig, train.Outcome]:
     return config, train.run(config)
 
 
-def assert_same_adapter(checkpoint_dir: str, expected_dir: str) -> None:
+def assert_same_adapter(checkpoint_dir: str, expected_dir: str, atol: float = 1e-4) -> None:
     ours, theirs = lora_params(checkpoint_dir, 4), lora_params(expected_dir, 4)
     assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
     assert "layers/4/mlp/down_proj/kernel_lora_b/value" in ours, "the layer after the scan, at its own index"
     for key in ours:  # Adam's normalised steps amplify differences of summation order a little
-        np.testing.assert_allclose(ours[key], theirs[key], rtol=0, atol=1e-4, err_msg=key)
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=0, atol=atol, err_msg=key)
 
 
 @pytest.mark.slow
@@ -129,4 +128,6 @@ def test_scanned_layers_on_four_devices_train_as_unrolled_ones_on_one(unrolled, 
     assert ended.code == EXIT_OK, ended.stderr
     assert "mesh fsdp=1 x tp=4" in ended.stderr and "layers scanned: 2 x 2 layers, then 1 unrolled" in ended.stderr
     np.testing.assert_allclose([p.loss for p in ended.progress], [p.loss for p in first.history], rtol=2e-4)
-    assert_same_adapter(scanned.checkpoint_dir, config.checkpoint_dir)
+    # Four devices sum in another order than one, which Adam's normalised steps amplify (a few 1e-4
+    # after four steps; test_train's sharded run allows 3e-3 after thirty).
+    assert_same_adapter(scanned.checkpoint_dir, config.checkpoint_dir, atol=1e-3)

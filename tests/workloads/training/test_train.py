@@ -314,7 +314,11 @@ def run_cli(
     path = tmp / f"{name}.json"
     path.write_text(config.dumps())
     err = tmp / f"{name}.stderr"
-    env = os.environ | {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"} | (env or {})
+    env = (
+        os.environ
+        | {"XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={devices}"}
+        | (env or {})
+    )
     with err.open("w") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gemma_workloads", "train", "--config", str(path)],
