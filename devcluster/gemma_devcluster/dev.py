@@ -45,6 +45,7 @@ from gemma_workloads.config import run_dir
 DATA_CLAIM = "gemma-data"  # the PVC of examples/quickstart, a folder here
 QUESTIONS = tiny.demo_questions()  # also the fine-tune's eval set (examples/quickstart/finetune.yaml)
 DATASET, EVAL_SET = "capitals.jsonl", "capitals-eval.jsonl"
+COMPILATION_CACHE = "compilation-cache"  # a fine-tune's own, beside its runs (plan.finetune.compilation_cache_dir)
 # The tiny model, made so that a short fine-tune can get confident (tiny.TinyConfig.embed_std).
 MODEL_ARGS = ["--examples", "96", "--embed-std", "0.2"]
 
@@ -75,6 +76,7 @@ class Outcome:
     endpoint: str | None = None
     phases: list[tuple[str, str, float]] = field(default_factory=list)
     total_seconds: float = 0.0  # from apply to the served answers
+    ready_at: float | None = None  # time.monotonic() when the fine-tune's server was seen Ready
     answered_at: float | None = None  # time.monotonic() when the answers were in
     data_dir: Path | None = None
     benchmark: dict[str, Any] | None = None  # status.benchmark of the served revision, once measured
@@ -112,6 +114,19 @@ def _make_data(data: Path) -> None:
     if done.returncode:
         raise DevError(f"making the tiny model failed:\n{done.stderr[-2000:]}")
     stamp.write_text(" ".join(MODEL_ARGS))
+
+
+def _clear_runs(data: Path) -> None:
+    """Each demo starts from nothing but what earlier ones compiled, as a cluster's storage keeps it:
+    the fine-tunes' runs go, their JAX compilation caches (`<output>/compilation-cache`) stay, and so
+    does the server's (spec.compilationCache, outside `runs`)."""
+    for child in (data / "runs").glob("*/*"):
+        if child.name == COMPILATION_CACHE:
+            continue
+        if child.is_dir():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
 
 
 def _ask(port: int, model: str, question: str) -> str:
@@ -217,7 +232,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event, own_signals: bool =
     _prerequisites(args)
     workdir = Path(args.workdir).resolve()
     data = workdir / "data"
-    shutil.rmtree(data / "runs", ignore_errors=True)  # each demo starts from nothing
+    _clear_runs(data)
     shutil.rmtree(workdir / "node", ignore_errors=True)
     data.mkdir(parents=True, exist_ok=True)
     out = Outcome(data_dir=data)
@@ -325,7 +340,7 @@ def _fine_tunes_server(objs: list[dict]) -> dict | None:
 async def _answers(kube: Kube, port: int, stop: asyncio.Event, deadline: float, out: Outcome) -> Outcome:
     """Every demo question asked of the served fine-tune, then the serving benchmark's figures."""
     assert out.serve is not None, "answers are asked once the fine-tune's server is Ready"
-    ready = time.monotonic()
+    out.ready_at = ready = time.monotonic()
     out.endpoint = f"http://127.0.0.1:{port}/v1"
     base = _base_answers(out.data_dir, out.fine_tune) if out.data_dir and out.fine_tune else {}
     try:

@@ -72,6 +72,7 @@ async def test_dev_real_runs_the_pods_of_the_real_controllers_on_the_local_node(
         nodes = get(config, tmp_path, "nodes")
         pods = get(config, tmp_path, "pods", "-n", NS)
         replica_sets = {r["metadata"]["name"]: r for r in get(config, tmp_path, "replicasets", "-n", NS)}
+        await until(lambda: printed.has(Printed.BENCHMARK), demo, "the serving benchmark's figures")
     finally:
         stop.set()
         out = await demo

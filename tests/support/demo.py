@@ -51,6 +51,7 @@ class Printed:
 
     APPLIED = "(kubectl works meanwhile"
     ANSWERED = "answers of the fine-tuned model are right"
+    BENCHMARK = "serving benchmark of revision"
 
     def __init__(self, capsys) -> None:
         self.capsys, self.text = capsys, ""
@@ -118,6 +119,11 @@ def check_outcome(out: dev.Outcome, asked: dict[str, str]) -> None:
     assert figures["evalLoss"]["value"] < figures["evalLoss"]["baseline"]
     gate = {c["type"]: c for c in out.serve["status"]["conditions"]}["GatePassed"]
     assert gate["status"] == "True", gate
+
+    # The answers as soon as the server is Ready; the serving benchmark's figures after them.
+    assert out.benchmark and out.benchmark["state"] == "Succeeded", out.benchmark
+    assert out.ready_at is not None and out.answered_at is not None
+    assert out.ready_at <= out.answered_at < out.ready_at + out.benchmark_seconds
 
     quickstart = yaml.safe_load((ROOT / "examples" / "quickstart" / "finetune.yaml").read_text())
     ft = out.fine_tune["status"]

@@ -143,8 +143,9 @@ class VLLM(Model):
 
 
 class CompilationCache(Model):
-    """Where the XLA compilation cache persists across restarts and replicas (VLLM_XLA_CACHE_PATH).
-    Without it every restart compiles again (about 8 minutes for 31B on v6e-8)."""
+    """Where the XLA compilation cache persists across restarts and replicas (VLLM_XLA_CACHE_PATH;
+    on GPUs and the CPU vLLM's cache root, VLLM_CACHE_ROOT). Without it every restart compiles
+    again (about 8 minutes for 31B on v6e-8)."""
 
     uri: Annotated[
         str | None,

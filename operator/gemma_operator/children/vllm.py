@@ -73,9 +73,13 @@ def _cpu_flags(launch: VllmLaunch) -> list[str]:
     # more than decode speed. torch.compile needs a C++ compiler in the image and about doubles
     # the time to ready (24 s vs 47-54 s for a tiny model on 2 cores) for about 1.5x faster
     # decoding. `--no-enforce-eager` in extra args, which come later, turns it back on.
-    # The engine and its one worker run in the API server's process (`uni`, and no engine-core
-    # process, below): each extra process imports vLLM and torch again, and on 2 cores that took
-    # the tiny model from 78 s to 135 s to ready (measured back to back on a loaded machine).
+    # The one worker runs in the engine-core process (`uni`, and VLLM_ENABLE_V1_MULTIPROCESSING=0
+    # below, without which vllm/platforms/cpu.py makes it `mp`): each extra process imports vLLM
+    # and torch again, and on 2 cores that took the tiny model from 78 s to 135 s to ready (measured
+    # back to back on a loaded machine). The OpenAI server still starts its engine core in a process
+    # of its own (vllm/v1/engine/core_client.py: the asyncio client is always multiprocess), spawned
+    # on the CPU (vllm/platforms/cpu.py sets VLLM_WORKER_MULTIPROC_METHOD=spawn), so one re-import
+    # of vLLM, 10 to 13 s of a cold start on 2 cores, is left.
     return [f"--dtype={launch.dtype}", "--enforce-eager", "--distributed-executor-backend=uni"]
 
 

@@ -140,6 +140,17 @@ def test_compilation_cache_persists_across_restarts(cache, volume):
     assert compile_cache_key(other) != compile_cache_key(p), "a new image never reads old compiled programs"
 
 
+def test_cpu_profiles_compilation_cache_is_vllms_cache_root():
+    # On the CPU vLLM keeps its torch.compile artefacts and its model registry's inspection of the
+    # model's class under VLLM_CACHE_ROOT (vllm/envs.py; vllm/model_executor/models/registry.py,
+    # `_LazyRegisteredModel`: VLLM_CACHE_ROOT/modelinfos); VLLM_XLA_CACHE_PATH is TPU only.
+    p, objs = render(serve("s").tpu("cpu").set("compilationCache", {"pvc": "cache"}))
+    _, c = container(objs["Deployment"])
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["VLLM_CACHE_ROOT"] == f"/xla-cache/{compile_cache_key(p)}" and "VLLM_XLA_CACHE_PATH" not in env
+    assert {"name": "xla-cache", "mountPath": "/xla-cache"} in c["volumeMounts"]
+
+
 def test_startup_budget_is_configurable_but_not_below_what_31b_needs():
     _, objs = render(serve("s").set("startupTimeoutSeconds", 1800), fine_tune_preset="gemma4-31b")
     _, c = container(objs["Deployment"])
