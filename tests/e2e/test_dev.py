@@ -38,8 +38,6 @@ async def test_dev_trains_merges_serves_and_answers_every_question_right(tmp_pat
             assert waited.returncode == 0, waited.stderr
             assert waited.stdout.count("condition met") == 2, waited.stdout
         await until(lambda: printed.has(Printed.ANSWERED), demo, "answers")
-        # Printed as soon as they are in: the benchmark's Job takes seconds more on the same cores.
-        assert Printed.BENCHMARK not in printed.text, "the answers wait for no benchmark"
         url = yaml.safe_load(config.read_text())["clusters"][0]["cluster"]["server"]
         asked = await ask_live_servers(NodeKube.local(url, user_agent="gemma-tpu-tests"))
         await until(lambda: printed.has(Printed.BENCHMARK), demo, "the serving benchmark's figures")
@@ -47,4 +45,5 @@ async def test_dev_trains_merges_serves_and_answers_every_question_right(tmp_pat
         stop.set()
         out = await demo
     check_outcome(out, asked)
+    # The answers wait for no benchmark: printed first, whichever poll above saw them.
     assert printed.text.index(Printed.ANSWERED) < printed.text.index(Printed.BENCHMARK)
