@@ -458,9 +458,10 @@ async def scale(backend, args: argparse.Namespace) -> None:
     print(f"load average before:            {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with tempfile.TemporaryDirectory() as tmp:
         op = await run_operator(backend, args.count, args.concurrency, Path(tmp), Profiler(args.profile))
+    report(op, args)  # at once: a long run that is stopped later still says what it measured
     waited = await backend.before_bare(args.count)
     bare = await run_bare(backend.bare_kube(), "bare", args.count, args.concurrency)
-    report(op, bare, args, waited)
+    report_bare(op, bare, args, waited)
     print(f"load average after:             {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.profile:
         print(f"\nwhere the operator's CPU went during the burst, {args.profile}:")
@@ -480,7 +481,7 @@ def _mib(value: float | None) -> str:
     return f"{value / 2**20:.0f} MiB" if value is not None else "n/a"
 
 
-def report(op: dict, bare: dict, args: argparse.Namespace, waited: float) -> None:
+def report(op: dict, args: argparse.Namespace) -> None:
     lat, count, rss = op["latencies"], args.count, op["rss"]
     crs = count + max(1, count // 10)
     print(
@@ -507,6 +508,11 @@ def report(op: dict, bare: dict, args: argparse.Namespace, waited: float) -> Non
         f"operator: creates answered 409  {op['burst_409']} until every child exists, "
         f"{op['steady_409']} in steady state" + ("" if op["settled"] else " (the operator never fell quiet)")
     )
+    print(f"load average:                   {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+
+
+def report_bare(op: dict, bare: dict, args: argparse.Namespace, waited: float) -> None:
+    count = args.count
     if waited:
         print(
             f"before the bare client:         {waited:.0f} s for the Job controller to make every pod of the operator's Jobs"
