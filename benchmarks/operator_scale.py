@@ -31,7 +31,7 @@ until every CR's status records its children (statuses that tell the truth).
 
     python benchmarks/operator_scale.py --count 1000
     python benchmarks/operator_scale.py --count 1000 --real
-    python benchmarks/operator_scale.py --count 1000 --profile /tmp/operator.raw
+    python benchmarks/operator_scale.py --count 1000 --profile operator.raw
     python benchmarks/operator_scale.py --count 20 --fault-rate 0.2
     python benchmarks/operator_scale.py --count 0 --poll-reads 100
 """
