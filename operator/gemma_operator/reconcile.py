@@ -153,15 +153,20 @@ class Controller:
             )
         else:
             self.retries.succeeded(key)
-            if outcome:
-                self.reconciled[key] = outcome.read
-                self.versions.add(key, *outcome.decided)
-                self.watched_children.decide(outcome.children)
-            else:  # gone or going (a child's last events still wake it): nothing of it is kept
-                self.forget(kind, namespace, name)
+            self._completed(key, outcome)
             prometheus_metrics.RECONCILES.labels(kind, "ok").inc()
         finally:
             prometheus_metrics.RECONCILE_SECONDS.labels(kind).observe(time.perf_counter() - started)
+
+    def _completed(self, key: Key, outcome: Outcome | None) -> None:
+        """Keep what a completed reconcile decided on; of a CR gone or going (a child's last events
+        still wake it), nothing."""
+        if outcome:
+            self.reconciled[key] = outcome.read
+            self.versions.add(key, *outcome.decided)
+            self.watched_children.decide(outcome.children)
+        else:
+            self.forget(*key)
 
     def _nothing_new(self, key: Key, watched: Mapping[str, Any] | None, child: Mapping[str, Any] | None) -> bool:
         """Whether the event brings a version that a completed reconcile already decided on."""
