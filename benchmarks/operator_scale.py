@@ -1,12 +1,23 @@
-"""How the operator scales: N GemmaFineTunes at once against the in-process Kubernetes API.
+"""How the operator scales: N GemmaFineTunes at once, against the in-process Kubernetes API or
+(`--real`) against a real kube-apiserver.
 
-The API server runs in this process; the operator runs as `gemma-tpu operator` in its own
-process (as in a cluster), so its memory is measured alone. Prints the time until every training
-Job (and every GemmaServe's Deployment) exists, the create->Job latency percentiles, the operator's
-peak RSS, the share of the operator's creates answered 409 AlreadyExists (wasted writes: under
-throttling they are the ones that get the 429s), during the burst and in steady state (every CR
-re-reconciled once more), and, in the same run, a bare client creating the same ConfigMap + Job
-pairs itself (the API's own limit).
+The operator runs as `gemma-tpu operator` in its own process (as in a cluster), so its memory and
+CPU are measured alone. Prints the time until every training Job (and every GemmaServe's
+Deployment) exists, the create->Job latency percentiles, the operator's RSS (idle, peak, after the
+1,000th Job and at the end, after every CR was reconciled once more: memory that grows with
+history shows there) and its CPU time during the burst, the share of the operator's creates
+answered 409 AlreadyExists (wasted writes: under throttling they are the ones that get the 429s),
+during the burst and in steady state (every CR re-reconciled once more), and, in the same run, a
+bare client creating the same ConfigMap + Job pairs itself (the API's own limit).
+
+The in-process API runs in this process. With --real the benchmark starts the project's control
+plane (kube-apiserver and kube-controller-manager 1.36 on loopback, `gemma_devcluster.control_plane`;
+its setup and how it is measured from outside are in real_api.py) and runs the same burst there;
+the real Job controller makes a pod for every Job (they stay Pending: no scheduler).
+
+--profile FILE records the operator process with py-spy (which must be on PATH: it is not one of
+the project's dependencies) from the first CR created to the last Job, writes its samples to FILE
+and prints where the operator's CPU went (operator_profile.py).
 
 --poll-reads N starts another operator with a short poll period, sets N fine-tunes training (a
 running pod with a progress line each), and counts the operator's reads (get, list; watches
@@ -19,6 +30,9 @@ resumes 410, and the operator polls at its default period: the figures then incl
 until every CR's status records its children (statuses that tell the truth).
 
     python benchmarks/operator_scale.py --count 1000
+    python benchmarks/operator_scale.py --count 1000 --real
+    python benchmarks/operator_scale.py --count 10000 --no-steady
+    python benchmarks/operator_scale.py --count 1000 --profile operator.raw
     python benchmarks/operator_scale.py --count 20 --fault-rate 0.2
     python benchmarks/operator_scale.py --count 0 --poll-reads 100
 """
@@ -29,6 +43,8 @@ import argparse
 import asyncio
 import collections
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -48,6 +64,8 @@ from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import Progress
 
 BENCH_AGENT = "operator-scale-benchmark"  # this script's own requests, told apart from the operator's
+MILESTONE = 1000  # the operator's RSS is noted when this many training Jobs exist
+STALL = 120  # seconds without a new child before the benchmark gives up
 
 
 def fine_tune(name: str, namespace: str) -> dict:
@@ -76,15 +94,21 @@ def serve(name: str, namespace: str) -> dict:
 
 
 class Timed(FaultyApiServer):
-    """Notes when each object is created, to measure create -> child latency, and counts the
-    operator's creates and those answered 409 AlreadyExists."""
+    """Notes when each object is created, to measure create -> child latency, counts what was
+    created by kind, and counts the operator's requests, its creates and those answered 409."""
 
     created: dict[tuple[str, str], float]
     creates: collections.Counter
+    made: collections.Counter
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        self.created, self.creates = {}, collections.Counter()
+        self.created, self.creates, self.made = {}, collections.Counter(), collections.Counter()
+        self.operator_requests = 0
+
+    def _record(self, verb: str, request) -> None:
+        super()._record(verb, request)
+        self.operator_requests += (request.headers.get("User-Agent") or "").startswith(USER_AGENT)
 
     async def _create(self, request):
         mine = (request.headers.get("User-Agent") or "").startswith(USER_AGENT)
@@ -96,7 +120,63 @@ class Timed(FaultyApiServer):
             raise
         meta = response.payload["metadata"]
         self.created[(request.resource.plural, meta["name"])] = time.perf_counter()
+        self.made[request.resource.plural] += 1
         return response
+
+
+class InProcess:
+    """The in-process API of this process as the benchmark's backend."""
+
+    name = "in-process API (gemma_devcluster, in the benchmark's process)"
+    server_cpu_of = "this process: the API and the client creating the CRs"
+
+    def __init__(self, api: Timed) -> None:
+        self.api, self.url = api, str(api.url).rstrip("/")
+        self.kube = Kube.from_url(self.url, user_agent=BENCH_AGENT)
+        self.created = api.created  # noted by the server as it stores each object
+        self.faulty = api.write_fault_rate > 0
+
+    def kubeconfig(self, workdir: Path) -> Path:
+        path = workdir / "kubeconfig"
+        cluster = {"name": "bench", "cluster": {"server": self.url}}
+        context = {"name": "bench", "context": {"cluster": "bench", "user": "bench"}}
+        config = {"apiVersion": "v1", "kind": "Config", "current-context": "bench", "clusters": [cluster]}
+        path.write_text(
+            yaml.safe_dump(config | {"contexts": [context], "users": [{"name": "bench", "user": {"token": "bench"}}]})
+        )
+        return path
+
+    def count(self, plural: str) -> int:
+        return self.api.made[plural]
+
+    def note(self, obj: dict) -> None:
+        pass
+
+    def operator_creates(self) -> collections.Counter:
+        return collections.Counter(self.api.creates)
+
+    def operator_requests(self) -> int:
+        return self.api.operator_requests
+
+    def server_cpu(self) -> float:
+        """CPU seconds of this process: the API server, and the benchmark's client creating the CRs."""
+        return sum(psutil.Process().cpu_times()[:2])
+
+    async def settle(self, quiet: float = 1.0) -> bool:
+        """Wait until the operator has made no request for `quiet` seconds."""
+        last, since = -1, time.perf_counter()
+        while time.perf_counter() - since < quiet:
+            if self.api.operator_requests != last:
+                last, since = self.api.operator_requests, time.perf_counter()
+            await asyncio.sleep(0.1)
+        return True
+
+    def bare_kube(self) -> Kube:
+        return Kube.from_url(self.url, user_agent=BENCH_AGENT)
+
+    async def before_bare(self, count: int) -> float:
+        self.api.calm()
+        return 0.0
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -104,12 +184,32 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def create_all(kube: Kube, objects: list[dict], concurrency: int) -> None:
-    queue = list(objects)
+async def create_all(kube: Kube, objects: list[dict], concurrency: int, note=None) -> None:
+    queue = list(reversed(objects))
 
     async def worker() -> None:
         while queue:
-            await kube.create(queue.pop())
+            obj = queue.pop()
+            await kube.create(obj)
+            if note:
+                note(obj)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def touch_all(kube: Kube, crs: list[dict], concurrency: int) -> None:
+    """A label on every CR: each is reconciled once more, its children all there (steady state)."""
+    queue = list(crs)
+
+    async def worker() -> None:
+        while queue:
+            cr = queue.pop()
+            await kube.patch(
+                cr["kind"],
+                cr["metadata"]["namespace"],
+                cr["metadata"]["name"],
+                {"metadata": {"labels": {"touched": "1"}}},
+            )
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
@@ -117,16 +217,6 @@ async def create_all(kube: Kube, objects: list[dict], concurrency: int) -> None:
 def share(counts: collections.Counter, before: collections.Counter) -> str:
     total, conflicts = counts["all"] - before["all"], counts["409"] - before["409"]
     return f"{conflicts}/{total} ({100 * conflicts / max(total, 1):.1f} %)"
-
-
-async def settle(api: Timed, quiet: float = 1.0) -> None:
-    """Wait until the operator has made no request for `quiet` seconds."""
-    last, since = -1, time.perf_counter()
-    while time.perf_counter() - since < quiet:
-        made = sum(sum(c.values()) for agent, c in api.calls_by_agent.items() if agent.startswith(USER_AGENT))
-        if made != last:
-            last, since = made, time.perf_counter()
-        await asyncio.sleep(0.1)
 
 
 async def truthful(kube: Kube, crs: list[dict], limit: float) -> float | None:
@@ -145,38 +235,14 @@ async def truthful(kube: Kube, crs: list[dict], limit: float) -> float | None:
     return None
 
 
-def start_operator(url: str, workdir: Path, settings: dict) -> subprocess.Popen:
-    """`gemma-tpu operator` in its own process, against the API at `url`."""
-    kubeconfig = workdir / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "bench",
-                "clusters": [{"name": "bench", "cluster": {"server": url}}],
-                "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}],
-                "users": [{"name": "bench", "user": {"token": "bench"}}],
-            }
-        )
-    )
+def start_operator(kubeconfig: Path, workdir: Path, settings: dict) -> subprocess.Popen:
+    """`gemma-tpu operator` in its own process, with this kubeconfig."""
     path = workdir / "settings.yaml"
     path.write_text(yaml.safe_dump(settings))
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    command = ["operator", "--standalone", "--liveness", "", "--metrics-port", "0", "--settings", str(path)]
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gemma_operator.cli",
-            "operator",
-            "--standalone",
-            "--liveness",
-            "",
-            "--metrics-port",
-            "0",
-            "--settings",
-            str(path),
-        ],
+        [sys.executable, "-m", "gemma_operator.cli", *command],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=(workdir / "operator.log").open("w"),
@@ -184,7 +250,7 @@ def start_operator(url: str, workdir: Path, settings: dict) -> subprocess.Popen:
 
 
 async def terminate(proc: subprocess.Popen) -> None:
-    proc.terminate()  # the API server shares this loop: keep serving while kopf shuts down
+    proc.terminate()  # the in-process API server shares this loop: keep serving while kopf shuts down
     for _ in range(600):
         if proc.poll() is not None:
             return
@@ -192,52 +258,92 @@ async def terminate(proc: subprocess.Popen) -> None:
     proc.kill()
 
 
-async def run_operator(api: Timed, count: int, concurrency: int, workdir: Path) -> dict:
-    url = str(api.url).rstrip("/")
-    faulty = api.write_fault_rate > 0  # then the poller runs at its default period, as on a cluster
-    proc = start_operator(url, workdir, {} if faulty else {"progress_poll_seconds": 3600})  # events, not polling
-    peak = 0
-    kube = Kube.from_url(url, user_agent=BENCH_AGENT)
+class Profiler:
+    """py-spy recording a process, from `start()` to `stop()` (operator_profile.py reads its samples)."""
+
+    def __init__(self, out: Path | None) -> None:
+        self.out, self._proc = out, None
+        if out is not None and shutil.which("py-spy") is None:
+            raise SystemExit("--profile needs py-spy on PATH (pip install py-spy): it is not a project dependency")
+
+    def start(self, pid: int) -> None:
+        if self.out is not None:
+            command = ["py-spy", "record", "--pid", str(pid), "--rate", "100", "--gil", "--format", "raw"]
+            self._proc = subprocess.Popen(
+                [*command, "--output", str(self.out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGINT)  # py-spy writes its samples and exits
+            self._proc.wait()
+
+
+async def run_operator(
+    backend, count: int, concurrency: int, workdir: Path, profiler: Profiler, steady: bool = True
+) -> dict:
+    # With faults the poller runs at its default period, as on a cluster; else events alone, no polling.
+    proc = start_operator(
+        backend.kubeconfig(workdir), workdir, {} if backend.faulty else {"progress_poll_seconds": 3600}
+    )
+    serves = max(1, count // 10)
+    crs = [fine_tune(f"ft-{i:05d}", "bench") for i in range(count)]
+    crs += [serve(f"sv-{i:05d}", "bench") for i in range(serves)]
     try:
         ps = psutil.Process(proc.pid)
-        await asyncio.sleep(3)  # let kopf log in and start its watches
-        baseline_rss = ps.memory_info().rss
-        serves = max(1, count // 10)
-        crs = [fine_tune(f"ft-{i:05d}", "bench") for i in range(count)]
-        crs += [serve(f"sv-{i:05d}", "bench") for i in range(serves)]
+        await asyncio.sleep(5)  # let kopf log in and start its watches
+        rss = {"idle": ps.memory_info().rss, "peak": 0, "milestone": None}
+        cpu, server_cpu = sum(ps.cpu_times()[:2]), backend.server_cpu()
+        profiler.start(proc.pid)
         start = time.perf_counter()
-        await create_all(kube, crs, concurrency)
+        await create_all(backend.kube, crs, concurrency, backend.note)
         created = time.perf_counter() - start
-        plurals = collections.Counter(plural for (plural, _) in api.created)
-        while plurals["jobs"] < count or plurals["deployments"] < serves:
-            peak = max(peak, ps.memory_info().rss)
+        progress, since = 0, time.perf_counter()
+        while backend.count("jobs") < count or backend.count("deployments") < serves:
+            if backend.count("jobs") + backend.count("deployments") > progress:
+                progress, since = backend.count("jobs") + backend.count("deployments"), time.perf_counter()
+            elif time.perf_counter() - since > STALL:
+                raise RuntimeError(f"no new Job for {STALL} s:\n" + (workdir / "operator.log").read_text()[-3000:])
+            rss["peak"] = max(rss["peak"], ps.memory_info().rss)
+            if rss["milestone"] is None and backend.count("jobs") >= MILESTONE:
+                rss["milestone"] = ps.memory_info().rss
             if proc.poll() is not None:
                 raise RuntimeError("the operator exited:\n" + (workdir / "operator.log").read_text()[-3000:])
             await asyncio.sleep(0.05)
-            plurals = collections.Counter(plural for (plural, _) in api.created)
         total = time.perf_counter() - start
-        peak = max(peak, ps.memory_info().rss)
-        statuses = await truthful(kube, crs, 120) if faulty else None
-        await settle(api)
-        burst = collections.Counter(api.creates)
-        for cr in crs:  # steady state: each CR reconciled once more, its children all there
-            await kube.patch(cr["kind"], "bench", cr["metadata"]["name"], {"metadata": {"labels": {"touched": "1"}}})
-        await settle(api)
+        profiler.stop()
+        cpu, server_cpu = sum(ps.cpu_times()[:2]) - cpu, backend.server_cpu() - server_cpu
+        requests = backend.operator_requests()
+        if rss["milestone"] is None and count >= MILESTONE:
+            rss["milestone"] = ps.memory_info().rss
+        rss["peak"] = max(rss["peak"], ps.memory_info().rss)
+        statuses = await truthful(backend.kube, crs, 120) if backend.faulty else None
+        settled = await backend.settle()
+        burst = backend.operator_creates()
+        if steady:
+            await touch_all(backend.kube, crs, concurrency)
+            settled = await backend.settle() and settled
+        rss["end"] = ps.memory_info().rss
+        rss["peak"] = max(rss["peak"], rss["end"])
     finally:
+        profiler.stop()
         await terminate(proc)
     latencies = []
-    for (plural, name), t in api.created.items():
-        if plural == "jobs":
-            cr = name.rsplit("-train-", 1)[0]
-            latencies.append(t - api.created[("gemmafinetunes", cr)])
+    for (plural, name), t in list(backend.created.items()):
+        if plural == "jobs" and ("gemmafinetunes", name.rsplit("-train-", 1)[0]) in backend.created:
+            latencies.append(t - backend.created[("gemmafinetunes", name.rsplit("-train-", 1)[0])])
     return {
         "created_s": created,
         "total_s": total,
+        "cpu_s": cpu,
+        "server_cpu_s": server_cpu,
+        "server_cpu_of": backend.server_cpu_of,
+        "requests": requests,
         "latencies": latencies,
-        "rss_idle": baseline_rss,
-        "rss_peak": peak,
+        "rss": rss,
         "burst_409": share(burst, collections.Counter()),
-        "steady_409": share(api.creates, burst),
+        "steady_409": share(backend.operator_creates(), burst) if steady else None,
+        "settled": settled,
         "statuses_s": statuses,
     }
 
@@ -269,9 +375,9 @@ async def next_poll(api: Timed, at_least: int = 0) -> tuple[int, int]:
 async def poll_reads(api: Timed, count: int, period: float, polls_wanted: int, workdir: Path) -> dict:
     """The operator's reads while `count` fine-tunes train, each with a running pod whose log
     moves on between polls (so each poll has progress to write)."""
-    url = str(api.url).rstrip("/")
-    proc = start_operator(url, workdir, {"progress_poll_seconds": period})
-    kube = Kube.from_url(url, user_agent=BENCH_AGENT)
+    backend = InProcess(api)
+    proc = start_operator(backend.kubeconfig(workdir), workdir, {"progress_poll_seconds": period})
+    kube = backend.kube
     try:
         await asyncio.sleep(3)  # let kopf log in and start its watches
         crs = [fine_tune(f"tr-{i:05d}", "train") for i in range(count)]
@@ -330,14 +436,13 @@ async def poll_reads(api: Timed, count: int, period: float, polls_wanted: int, w
     return {"reads": reads, "polls": polls, "seconds": seconds, "training": training}
 
 
-async def run_bare(api: Timed, count: int, concurrency: int) -> dict:
+async def run_bare(kube: Kube, namespace: str, count: int, concurrency: int) -> dict:
     """A client that creates what the operator would, with no reconciling: the API's ceiling."""
-    kube = Kube.from_url(str(api.url), user_agent=BENCH_AGENT)
     settings = OperatorSettings()
     objects = []
     for i in range(count):
-        cr = fine_tune(f"bare-{i:05d}", "bare")
-        p = plan_finetune(cr["metadata"]["name"], "bare", cr["spec"], settings)
+        cr = fine_tune(f"bare-{i:05d}", namespace)
+        p = plan_finetune(cr["metadata"]["name"], namespace, cr["spec"], settings)
         objects += training_objects(p, settings)
     start = time.perf_counter()
     queue = [objects[i : i + 2] for i in range(0, len(objects), 2)]
@@ -351,61 +456,129 @@ async def run_bare(api: Timed, count: int, concurrency: int) -> dict:
     return {"total_s": time.perf_counter() - start}
 
 
-async def main(count: int, concurrency: int, fault_rate: float, poll_count: int, poll_period: float) -> None:
-    faults = dict(write_fault_rate=fault_rate, watch_lifetime=5.0, expire_rate=0.2) if fault_rate else {}
-    async with Timed(**faults) as api, kmock.Server(api):
-        api.register_defaults()
-        if count:
-            with tempfile.TemporaryDirectory() as tmp:
-                op = await run_operator(api, count, concurrency, Path(tmp))
-            api.calm()
-            bare = await run_bare(api, count, concurrency)
-            report(op, bare, api, count, concurrency, fault_rate)
-        if poll_count:
-            with tempfile.TemporaryDirectory() as tmp:
-                polled = await poll_reads(api, poll_count, poll_period, 5, Path(tmp))
-            per_minute = polled["reads"] / poll_count / (polled["seconds"] / 60)
-            print(f"GemmaFineTunes training:        {polled['training']}/{poll_count}, polled every {poll_period:g} s")
-            per_poll = polled["reads"] / poll_count / max(polled["polls"], 1)
-            print(
-                f"operator: reads per CR          {per_minute:.1f} per minute, {per_poll:.2f} per poll "
-                f"({polled['reads']} reads, {polled['polls']} polls in {polled['seconds']:.0f} s)"
-            )
+async def scale(backend, args: argparse.Namespace) -> None:
+    """The operator's burst, then the bare client's, on one backend; prints the figures."""
+    print(f"API server:                     {backend.name}")
+    print(f"load average before:            {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    with tempfile.TemporaryDirectory() as tmp:
+        op = await run_operator(
+            backend, args.count, args.concurrency, Path(tmp), Profiler(args.profile), not args.no_steady
+        )
+    report(op, args)  # at once: a long run that is stopped later still says what it measured
+    waited = await backend.before_bare(args.count)
+    bare = await run_bare(backend.bare_kube(), "bare", args.count, args.concurrency)
+    report_bare(op, bare, args, waited)
+    print(f"load average after:             {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.profile:
+        print(f"\nwhere the operator's CPU went during the burst, {args.profile}:")
+        _operator_profile().report(args.profile, args.count + max(1, args.count // 10), op["cpu_s"])
 
 
-def report(op: dict, bare: dict, api: Timed, count: int, concurrency: int, fault_rate: float) -> None:
-    lat = op["latencies"]
-    print(f"GemmaFineTunes:                 {count} (created by {concurrency} concurrent clients)")
+def _operator_profile():
+    """operator_profile.py, beside this file (on the path when this runs as a script)."""
+    try:
+        from benchmarks import operator_profile
+    except ImportError:
+        import operator_profile
+    return operator_profile
+
+
+def _mib(value: float | None) -> str:
+    return f"{value / 2**20:.0f} MiB" if value is not None else "n/a"
+
+
+def report(op: dict, args: argparse.Namespace) -> None:
+    lat, count, rss = op["latencies"], args.count, op["rss"]
+    crs = count + max(1, count // 10)
+    print(
+        f"GemmaFineTunes:                 {count} and {crs - count} GemmaServes (created by {args.concurrency} concurrent clients)"
+    )
     print(
         f"operator: all training Jobs in  {op['total_s']:.2f} s ({count / op['total_s']:.0f} CRs/s; CR creation took {op['created_s']:.2f} s)"
     )
     print(
         f"operator: create->Job latency   p50 {statistics.median(lat) * 1000:.0f} ms, p99 {percentile(lat, 0.99) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms"
     )
+    print(f"operator: CPU during the burst  {op['cpu_s']:.1f} s ({1000 * op['cpu_s'] / crs:.2f} ms per CR)")
+    print(f"operator: requests, burst       {op['requests']} ({op['requests'] / crs:.2f} per CR)")
+    print(f"API server: CPU during burst    {op['server_cpu_s']:.1f} s ({op['server_cpu_of']})")
     print(
-        f"operator: RSS                   {op['rss_idle'] / 2**20:.0f} MiB idle, {op['rss_peak'] / 2**20:.0f} MiB peak"
+        f"operator: RSS                   {_mib(rss['idle'])} idle, {_mib(rss['peak'])} peak, "
+        f"{_mib(rss['milestone'])} at the {MILESTONE:,}th Job, {_mib(rss['end'])} at the end"
     )
-    if fault_rate:
+    if args.fault_rate:
         truth = f"{op['statuses_s']:.1f} s later" if op["statuses_s"] is not None else "NOT within 120 s"
-        injected = sum(api.injected.values())
-        print(
-            f"faults injected:                {injected} ({fault_rate:.0%} of the operator's writes, watch drops, 410s)"
-        )
+        print(f"faults injected:                {args.fault_rate:.0%} of the operator's writes, watch drops, 410s")
         print(f"operator: every status records its children {truth}")
     print(
         f"operator: creates answered 409  {op['burst_409']} until every child exists, "
-        f"{op['steady_409']} in steady state"
+        + (f"{op['steady_409']} in steady state" if op["steady_409"] else "steady state not run")
+        + ("" if op["settled"] else " (the operator never fell quiet)")
     )
+    print(f"load average:                   {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+
+
+def report_bare(op: dict, bare: dict, args: argparse.Namespace, waited: float) -> None:
+    count = args.count
+    if waited:
+        print(
+            f"before the bare client:         {waited:.0f} s for the Job controller to make every pod of the operator's Jobs"
+        )
     print(f"bare client: same objects in    {bare['total_s']:.2f} s ({count / bare['total_s']:.0f} pairs/s)")
     print(f"ratio operator/bare (time):     {op['total_s'] / bare['total_s']:.2f}x")
+
+
+async def in_process(args: argparse.Namespace) -> None:
+    faults = dict(write_fault_rate=args.fault_rate, watch_lifetime=5.0, expire_rate=0.2) if args.fault_rate else {}
+    async with Timed(**faults) as api, kmock.Server(api):
+        api.register_defaults()
+        if args.count:
+            await scale(InProcess(api), args)
+        if args.poll_reads:
+            with tempfile.TemporaryDirectory() as tmp:
+                polled = await poll_reads(api, args.poll_reads, args.poll_period, 5, Path(tmp))
+            count, period = args.poll_reads, args.poll_period
+            per_minute = polled["reads"] / count / (polled["seconds"] / 60)
+            print(f"GemmaFineTunes training:        {polled['training']}/{count}, polled every {period:g} s")
+            per_poll = polled["reads"] / count / max(polled["polls"], 1)
+            print(
+                f"operator: reads per CR          {per_minute:.1f} per minute, {per_poll:.2f} per poll "
+                f"({polled['reads']} reads, {polled['polls']} polls in {polled['seconds']:.0f} s)"
+            )
+
+
+async def real(args: argparse.Namespace) -> None:
+    try:
+        from benchmarks import real_api
+    except ImportError:
+        import real_api
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        real_api.started(Path(tmp) / "control-plane", "bench", "bare") as backend,
+    ):
+        await scale(backend, args)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--real", action="store_true", help="against a real kube-apiserver (the project's control plane)"
+    )
+    parser.add_argument(
+        "--no-steady",
+        action="store_true",
+        help="skip the steady-state pass (every CR touched once more): at 10,000 CRs the in-process API's "
+        "list calls, which scan every object, make it measure that API more than the operator",
+    )
+    parser.add_argument("--profile", type=Path, help="py-spy's samples of the operator during the burst, to this file")
     parser.add_argument("--fault-rate", type=float, default=0.0, help="share of the operator's writes failed")
     parser.add_argument("--poll-reads", type=int, default=0, metavar="N", help="fine-tunes training while polled")
     parser.add_argument("--poll-period", type=float, default=2.0, help="seconds between polls for --poll-reads")
     args = parser.parse_args()
-    asyncio.run(main(args.count, args.concurrency, args.fault_rate, args.poll_reads, args.poll_period))
+    if args.real and (args.fault_rate or args.poll_reads):
+        parser.error("--fault-rate and --poll-reads need the in-process API (its faults and its pod logs)")
+    # Stopped from outside, the control plane's processes are stopped too (the context managers unwind).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    asyncio.run(real(args) if args.real else in_process(args))

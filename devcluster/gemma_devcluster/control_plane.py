@@ -188,13 +188,14 @@ def _wait_gone(pid: int, timeout: float) -> None:
     raise TimeoutError(f"process {pid} still running {timeout} s after it was killed")
 
 
-def start(state: Path, *, audit: bool = False) -> ControlPlane:
-    """Start a control plane whose files live in `state` (a folder that does not hold one yet)."""
+def start(state: Path, *, audit: bool | dict = False) -> ControlPlane:
+    """Start a control plane whose files live in `state` (a folder that does not hold one yet), with
+    an audit log of every request (`audit` True) or of those an audit policy of one's own selects."""
     folder = scripts_dir()
     state.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHON": sys.executable}
     if audit:
-        (state / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+        (state / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY if audit is True else audit))
         extra = "--audit-policy-file=audit-policy.yaml --audit-log-path=audit.log"
         env["KUBE_APISERVER_ARGS"] = f"{env.get('KUBE_APISERVER_ARGS', '')} {extra}".strip()
     # In a session of its own, as a cluster's servers are: a Ctrl-C at the terminal stops the program
@@ -228,7 +229,7 @@ def stop(plane: ControlPlane) -> None:
 
 
 @contextlib.contextmanager
-def running(state: Path, *, audit: bool = False) -> Iterator[ControlPlane]:
+def running(state: Path, *, audit: bool | dict = False) -> Iterator[ControlPlane]:
     plane = start(state, audit=audit)
     try:
         yield plane

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import concurrent.futures
 import hashlib
 import json
 from collections.abc import Callable
@@ -29,6 +30,11 @@ UNREAD = object()  # `Kube.ensure`: what exists was not read yet
 UNREACHABLE = 0  # ApiError.status when no answer came: refused, reset, timed out, TLS failed
 # Every request gives up after this long, so that no call outlives the leader's Lease (leader.py).
 REQUEST_TIMEOUT = (5.0, 30.0)  # seconds to connect, then to read
+# Requests in flight at once. Each reconcile waits on its own requests in turn, so the operator's
+# throughput is this many over the API's latency: with asyncio's default of CPU count + 4 threads
+# (6 on two cores) a burst of 500 CRs on a real kube-apiserver took 15.3 s, with 16 9.9 s.
+REQUESTS_IN_FLIGHT = 32
+_REQUESTS = concurrent.futures.ThreadPoolExecutor(REQUESTS_IN_FLIGHT, thread_name_prefix="kube-request")
 
 
 class ApiError(Exception):
@@ -89,6 +95,9 @@ class Kube:
         may_write: Callable[[], bool] | None = None,
     ) -> None:
         client.user_agent = user_agent
+        if (client.configuration.connection_pool_maxsize or 0) < REQUESTS_IN_FLIGHT:  # a connection per request
+            client.configuration.connection_pool_maxsize = REQUESTS_IN_FLIGHT
+            client.rest_client = kubernetes.client.rest.RESTClientObject(client.configuration)
         self._client, self._kinds = client, kinds
         # Asked before every write: a replica that no longer leads must not write (leader.py).
         self._may_write = may_write
@@ -125,15 +134,16 @@ class Kube:
         def call() -> Any:
             c = self._client
             try:
-                method_, url, headers, data, _ = c.param_serialize(
+                # The body is plain JSON already: it goes to the REST client, which dumps it, without
+                # param_serialize's walk through every value of it (a fifth of the client's time).
+                method_, url, headers, _, _ = c.param_serialize(
                     method,
                     path,
                     query_params=list((query or {}).items()),
-                    body=body,
                     header_params={"Content-Type": content_type, "Accept": "application/json"},
                     auth_settings=["BearerToken"],
                 )
-                resp = c.call_api(method_, url, header_params=headers, body=data, _request_timeout=REQUEST_TIMEOUT)
+                resp = c.call_api(method_, url, header_params=headers, body=body, _request_timeout=REQUEST_TIMEOUT)
                 resp.read()
             except CLIENT_ERRORS as e:
                 raise api_error(e, request) from None
@@ -142,7 +152,7 @@ class Kube:
                 raise api_error(ApiException(http_resp=resp), request)
             return text if raw else json.loads(text or "null")
 
-        return await asyncio.to_thread(call)
+        return await asyncio.get_running_loop().run_in_executor(_REQUESTS, call)
 
     async def get(self, kind: str, namespace: str, name: str) -> dict | None:
         try:
@@ -234,7 +244,14 @@ class Kube:
             if e.status != 409:
                 raise
 
-    async def ensure(self, obj: dict, mutable: tuple[str, ...] = (), current: dict | None | object = UNREAD) -> dict:
+    async def ensure(
+        self,
+        obj: dict,
+        mutable: tuple[str, ...] = (),
+        current: dict | None | object = UNREAD,
+        *,
+        presumed: bool = False,
+    ) -> dict:
         """Create the object if it is missing, or re-apply its `mutable` spec fields when what we
         want of them changed since we last applied them. The hash of the wanted fields is kept in
         an annotation, so defaults the API server adds, and changes other controllers make (Kueue
@@ -243,7 +260,8 @@ class Kube:
         What exists is read first (or taken from `current`, when the caller observed it in this
         reconcile), so children already in place cost no write. A patch carries the
         resourceVersion it was computed from: a concurrent writer's change is never overwritten
-        unseen (409 Conflict; the retried reconcile reads it)."""
+        unseen (409 Conflict; the retried reconcile reads it). `presumed`: `current` None was
+        presumed, not read, and a 409 AlreadyExists is raised for the caller to read everything."""
         want = {k: obj["spec"][k] for k in mutable if k in obj.get("spec", {})}
         meta = obj["metadata"]
         if want:
@@ -254,7 +272,7 @@ class Kube:
             try:
                 return await self.create(obj)
             except ApiError as e:
-                if e.status != 409:
+                if e.status != 409 or presumed:
                     raise
             current = await self.get(obj["kind"], meta["namespace"], meta["name"])  # created in between
             if current is None:  # and deleted again: the retried reconcile creates it

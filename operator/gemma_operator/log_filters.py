@@ -7,6 +7,10 @@ ERROR, the API server's answers while it starts included: a watch cache still fi
 still registering its routes answers "the request has been made before all known HTTP paths have been
 installed" (k8s.io/apiserver, pkg/server/filters). Both are the server warming up, retried and
 answered seconds later: said at INFO. Anything else kopf retries stays an ERROR.
+
+And kopf says at INFO that a handler succeeded, once for every watch event (four lines for each
+fine-tune it creates, most of them echoes of the operator's own writes, which it skips): its
+per-object logger speaks from WARNING up, its failures and retries included.
 """
 
 from __future__ import annotations
@@ -42,12 +46,16 @@ class ServerWarmingUp(logging.Filter):
 
 def install(handlers: list[logging.Handler] | None = None) -> None:
     """Both filters: PausedWatchWarning on kopf's watching logger, ServerWarmingUp on every handler of
-    the root logger (kopf logs through per-object loggers too, so no one logger sees all its retries)."""
+    the root logger (kopf logs through per-object loggers too, so no one logger sees all its retries);
+    kopf's per-object logger at WARNING."""
     watching = logging.getLogger("kopf._cogs.clients.watching")
     if not any(isinstance(f, PausedWatchWarning) for f in watching.filters):
         watching.addFilter(PausedWatchWarning())
     if watching.getEffectiveLevel() > logging.DEBUG:
         watching.setLevel(logging.DEBUG)
+    objects = logging.getLogger("kopf.objects")
+    if objects.level == logging.NOTSET:  # unless configured otherwise
+        objects.setLevel(logging.WARNING)
     for handler in handlers if handlers is not None else logging.getLogger().handlers:
         if not any(isinstance(f, ServerWarmingUp) for f in handler.filters):
             handler.addFilter(ServerWarmingUp())

@@ -7,6 +7,8 @@ reads a checkpoint: the workloads take the real architecture from `config.json`.
 
 from __future__ import annotations
 
+import collections
+import functools
 import re
 from dataclasses import dataclass
 
@@ -57,12 +59,17 @@ class ModelShape:
             "down_proj": [(self.mlp_dim, d)] * self.layers,
         }
 
+    @functools.cached_property
+    def _distinct_shapes(self) -> dict[str, collections.Counter[tuple[int, int]]]:
+        """projection_shapes() as how many layers have each shape: a few entries, not one per layer."""
+        return {target: collections.Counter(shapes) for target, shapes in self.projection_shapes().items()}
+
     def lora_params(self, rank: int, targets: list[str]) -> int:
-        shapes = self.projection_shapes()
-        return sum(rank * (i + o) for t in targets for i, o in shapes[t])
+        shapes = self._distinct_shapes
+        return sum(rank * (i + o) * n for t in targets for (i, o), n in shapes[t].items())
 
     def largest_target_elements(self, targets: list[str]) -> int:
-        shapes = self.projection_shapes()
+        shapes = self._distinct_shapes
         return max((i * o for t in targets for i, o in shapes[t]), default=0)
 
     def largest_tensor_elements(self) -> int:

@@ -14,28 +14,27 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import copy
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import kopf
 
-from gemma_operator import addons, api, failure_policy, pod_creation, prometheus_metrics, reasons, retries
+from gemma_operator import addons, api, prometheus_metrics, reasons, retries
 from gemma_operator.children import common
 from gemma_operator.clock import now
 from gemma_operator.kinds import KINDS, where
 from gemma_operator.kube import UNREAD, ApiError, Kube, status_patch
 from gemma_operator.lifecycle.common import Decision
-from gemma_operator.lifecycle.reads import AddOns, Found, Get, Listed, Pods, ProgressLog, Read, Refusal
+from gemma_operator.lifecycle.reads import Found
 from gemma_operator.lifecycle.wiring import LIFECYCLES, fine_tune_ref
+from gemma_operator.observed import DecidedVersions, Key, RecentPlans, WatchedChildren, only_its_status_changed
+from gemma_operator.reading import Given, Reader
 from gemma_operator.settings import OperatorSettings
-from gemma_workloads.config import Progress
 
 log = logging.getLogger("gemma_operator")
 
-COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 Seen = dict[tuple[str, str], dict | None]  # children read in this reconcile by (kind, name); None: absent
 ACTIVE = (
     reasons.PENDING,
@@ -47,6 +46,15 @@ ACTIVE = (
 )
 
 
+class Outcome(NamedTuple):
+    """What a completed reconcile decided on: the CR's version it read, the CR's versions it holds
+    nothing new in (that one and its own status write's), the children as it read or wrote them."""
+
+    read: str
+    decided: tuple[str, ...]
+    children: list[dict]
+
+
 class Controller:
     """Reconciles GemmaFineTunes and GemmaServes through the Kubernetes API."""
 
@@ -56,12 +64,15 @@ class Controller:
         self.tracker = prometheus_metrics.PhaseTracker()
         self.retries = retries.Retries()
         self.addons = addons.Detector(kube, settings.progress_poll_seconds)
+        self.reader = Reader(kube, self.addons)
         # The resourceVersion of each CR as read by its latest completed reconcile: whoever changed
         # a CR can tell when the operator has acted on that change, and on nothing older.
-        self.reconciled: dict[tuple[str, str, str], str] = {}
-        # ... and as that reconcile left it (its own status write's version, if it wrote one).
-        self._latest: dict[tuple[str, str, str], str] = {}
+        self.reconciled: dict[Key, str] = {}
+        # What completed reconciles decided on (the CRs' versions, the children's), and the plans
+        # they made: an event that brings nothing new is skipped (observed.py).
+        self.versions = DecidedVersions()
         self.watched_children = WatchedChildren()
+        self.plans: RecentPlans[tuple[Any, list[str]]] = RecentPlans()
         self.broken: str | None = None  # why a background task died, if one did
         self.on_fatal: Callable[[], None] | None = None  # stops the operator (runner.py)
 
@@ -85,7 +96,7 @@ class Controller:
     def forget(self, kind: str, namespace: str, name: str) -> None:
         self._locks.pop((kind, namespace, name), None)
         self.reconciled.pop((kind, namespace, name), None)
-        self._latest.pop((kind, namespace, name), None)
+        self.versions.forget((kind, namespace, name))
         self.retries.forget((kind, namespace, name))
         self.tracker.forget(kind, namespace, name)
 
@@ -97,33 +108,38 @@ class Controller:
         body: dict | None = None,
         *,
         watched: Mapping[str, Any] | None = None,
+        child: Mapping[str, Any] | None = None,
     ) -> None:
         """Reconcile one CR; a failure is logged with the CR it concerns and retried after a back-off.
         `body` is the CR as just listed, when the caller has it: it saves a read, and is used only
         if it is the version this operator last read or wrote (otherwise it may be older).
-        `watched` is the CR as a watch event delivered it: when that is only the echo of this
-        operator's own last write, nothing changed that it has not decided on, and it is skipped."""
+        `watched` is the CR as a watch event delivered it, `child` one of its children so: a version
+        a completed reconcile already decided on (the echo of the operator's own write) is skipped.
+        Otherwise the child is what this reconcile reads of it, and the CR, the first time this
+        process reconciles it, is taken as watched (it cannot lack a write this process made)."""
         key = (kind, namespace, name)
         started = time.perf_counter()
         try:
             async with self._locks[key]:
-                if watched is not None and self._is_own_write(key, watched):
+                if self._nothing_new(key, watched, child):
                     return
-                if body is not None and not self._is_own_write(key, body):
-                    body = None
+                given = self._given_body(key, body, watched)
+                self.versions.touch(key)
                 try:
-                    version = await self._reconcile_one(kind, namespace, name, body)
+                    outcome = await self._reconcile_one(kind, namespace, name, given, child)
                 except ApiError as e:
                     if e.status not in (409, 422):
                         raise
                     # Another writer changed a child (409) or the CR's conditions (422, the status
-                    # patch's test) between our read and our write: decide again on what it wrote,
-                    # at once (a second conflict goes to the back-off).
+                    # patch's test) between our read and our write, or a child presumed absent
+                    # exists (409): decide again on what is there, read afresh, at once (a second
+                    # conflict goes to the back-off).
                     log.info("%s %s/%s changed while reconciling, reading it again", kind, namespace, name)
-                    version = await self._reconcile_one(kind, namespace, name, None)
+                    outcome = await self._reconcile_one(kind, namespace, name, None, None, fresh=True)
         except Exception as e:  # any failure: logged, counted and retried
             if isinstance(e, ApiError) and e.status == 404 and await self._gone(kind, namespace, name):
-                return  # the resource was deleted while being reconciled: nothing left to do
+                self.forget(kind, namespace, name)  # deleted while being reconciled: nothing left to do
+                return
             prometheus_metrics.RECONCILES.labels(kind, "error").inc()
             wait = self.retries.failed(key, e, lambda: self.reconcile(kind, namespace, name))
             log.warning(
@@ -137,38 +153,63 @@ class Controller:
             )
         else:
             self.retries.succeeded(key)
-            if version:
-                self.reconciled[key] = version[0]
-                self._latest[key] = version[1]
+            self._completed(key, outcome)
             prometheus_metrics.RECONCILES.labels(kind, "ok").inc()
         finally:
             prometheus_metrics.RECONCILE_SECONDS.labels(kind).observe(time.perf_counter() - started)
 
-    def _is_own_write(self, key: tuple[str, str, str], body: Mapping[str, Any]) -> bool:
-        """Whether `body` is the CR as this operator's latest reconcile read or wrote it."""
-        version = (body.get("metadata") or {}).get("resourceVersion")
-        return version is not None and self._latest.get(key) == version
+    def _completed(self, key: Key, outcome: Outcome | None) -> None:
+        """Keep what a completed reconcile decided on; of a CR gone or going (a child's last events
+        still wake it), nothing."""
+        if outcome:
+            self.reconciled[key] = outcome.read
+            self.versions.add(key, *outcome.decided)
+            self.watched_children.decide(outcome.children)
+        else:
+            self.forget(*key)
 
-    async def _reconcile_one(self, kind: str, namespace: str, name: str, body: dict | None) -> tuple[str, str] | None:
+    def _nothing_new(self, key: Key, watched: Mapping[str, Any] | None, child: Mapping[str, Any] | None) -> bool:
+        """Whether the event brings a version that a completed reconcile already decided on."""
+        if watched is not None and self.versions.decided(key, watched):
+            return True
+        return child is not None and self.watched_children.decided(child)
+
+    def _given_body(self, key: Key, body: dict | None, watched: Mapping[str, Any] | None) -> dict | None:
+        """The CR as the caller has it, when it may stand for a read: as listed, if it is the CR as
+        the latest reconcile left it; as watched, if no reconcile of it ever began in this process."""
+        if body is not None and self.versions.latest(key, body):
+            return body
+        if watched is not None and not self.versions.knows(key):
+            return dict(watched)
+        return None
+
+    async def _reconcile_one(
+        self, kind: str, namespace: str, name: str, body: dict | None, child: Mapping[str, Any] | None, fresh=False
+    ) -> Outcome | None:
         """Read, plan, read, view, decide, apply: the same for every kind (each kind's lifecycle
-        says what to read and how, `lifecycle.wiring`). Returns the resourceVersion the CR was read
-        at and the one its status write produced (the same when it wrote none)."""
+        says what to read and how, `lifecycle.wiring`). A CR without a status has no children yet
+        (the operator writes its status with its first children): unless `fresh`, they are not
+        read, and a create that finds one there after all answers 409 and the reconcile runs
+        again, reading everything. `child` is a child as its watch just delivered it."""
         if body is None:
             body = await self.kube.get(kind, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
         lifecycle, found = LIFECYCLES[kind], Found()
-        await self._read_all(namespace, lifecycle.inputs(body), found)
-        plan, problems = lifecycle.plan(body, found, self.settings)
+        await self.reader.read_all(namespace, lifecycle.inputs(body), found)
+        key = lifecycle.plan_key(body, found)
+        plan, problems = self.plans.get(key, lambda: lifecycle.plan(body, found, self.settings))
+        given = Given(child, presume_absent=not fresh and not body.get("status"))
         if plan is not None:
-            await self._read_all(namespace, lifecycle.reads(body.get("status") or {}, plan), found)
+            await self.reader.read_all(namespace, lifecycle.reads(body.get("status") or {}, plan), found, given)
         view = lifecycle.view(_observed(body, lifecycle.kind), body, plan, problems, found)
         decision = lifecycle.decide(view, self.settings)
-        written = await self._apply(body, decision, found.objects())
+        written, children = await self._apply(body, decision, found.objects(), given)
         self.tracker.observe(kind, namespace, name, decision.status_model.phase)
         lifecycle.record(self.tracker, body, view, decision)
         read = body["metadata"]["resourceVersion"]
-        return read, written or read
+        children += [o for o in found.objects().values() if o is not None and KINDS[o["kind"]].mutable is not None]
+        return Outcome(read, (read, written) if written else (read,), children)
 
     async def _gone(self, kind: str, namespace: str, name: str) -> bool:
         try:
@@ -176,106 +217,71 @@ class Controller:
         except ApiError:
             return False
 
-    # ------------------------------------------------------------------ reading
-
-    async def _read_all(self, namespace: str, declared: list[Read[Any]], found: Found) -> None:
-        """Each declared read in order, into `found` (a read may use what an earlier one found)."""
-        for read in declared:
-            found[read] = await self._read(namespace, read, found)
-
-    async def _read(self, namespace: str, read: Read[Any], found: Found) -> Any:
-        match read:
-            case Get(kind, name):
-                return await self.kube.get(kind, namespace, name)
-            case Pods(owner, selector):
-                return await self.kube.list("Pod", namespace, selector) if found[owner] is not None else []
-            case ProgressLog(workload, pods, container):
-                return await self._progress(found[workload], found[pods], container)
-            case Refusal(workload, pods):
-                return await self._refusal(found[workload], found[pods])
-            case Listed(kinds, selector):
-                return [
-                    {**o, "kind": kind} for kind in kinds for o in await self._list_or_empty(kind, namespace, selector)
-                ]
-            case AddOns(wanted):
-                return await self.addons.missing(dict(wanted))
-        raise TypeError(f"no reader for {read!r}")
-
-    async def _list_or_empty(self, kind: str, namespace: str, selector: str) -> list[dict]:
-        try:
-            return await self.kube.list(kind, namespace, selector)
-        except ApiError as e:  # JobSet not installed: nothing of that kind can exist
-            if e.status == 404:
-                return []
-            raise
-
-    async def _refusal(self, workload: dict | None, pods: list[dict]) -> pod_creation.Refusal | None:
-        """Why the API server refuses the workload's pods: the FailedCreate Events of its namespace
-        are read only while it has fewer pods than it runs."""
-        events = []
-        if workload is not None and pod_creation.may_be_refused(workload, pods):
-            events = await self._failed_create_events(workload["metadata"]["namespace"])
-        return pod_creation.refusal(workload, pods, events)
-
-    async def _failed_create_events(self, namespace: str) -> list[dict]:
-        """The namespace's FailedCreate Warning Events, selected by the API server (`reason` and
-        `type` are selectable fields of core/v1 Events: pkg/registry/core/event/strategy.go)."""
-        return await self.kube.list(
-            "Event", namespace, field_selector=f"reason={pod_creation.FAILED_CREATE},type=Warning"
-        )
-
-    async def _progress(self, workload: dict | None, pods: list[dict], container: str) -> Progress | None:
-        """The latest progress line of the coordinating (index 0) pod's log, while the workload runs."""
-        if workload is None or failure_policy.outcome(workload).state != reasons.RUNNING:
-            return None
-        running = [p for p in pods if (p.get("status") or {}).get("phase") == reasons.POD_RUNNING]
-        running.sort(
-            key=lambda p: (
-                p["metadata"].get("labels", {}).get(COMPLETION_INDEX_LABEL, "0") != "0",
-                p["metadata"].get("creationTimestamp", ""),
-            )
-        )
-        if not running:
-            return None
-        pod = running[0]["metadata"]
-        return Progress.last_in(await self.kube.pod_log(pod["namespace"], pod["name"], container, 20))
-
     # ------------------------------------------------------------------ applying
 
-    async def _apply(self, body: dict, d: Decision[Any], seen: Seen) -> str | None:
+    async def _apply(self, body: dict, d: Decision[Any], seen: Seen, given: Given) -> tuple[str | None, list[dict]]:
         """Write what the decision asks, children first. Its Events go before the status that
-        records the phase change, so a failed reconcile (retried) posts them again, once. The
-        status write tests the conditions the decision was made on: a condition another controller
-        added meanwhile is never overwritten unseen (422, and the reconcile runs again at once).
-        Returns the resourceVersion that write produced, if there was one."""
-        meta = body["metadata"]
-        namespace = meta["namespace"]
+        records the phase change, so a failed reconcile (retried) posts them again, once. Returns
+        the version the status write produced, when it is decided on (`_write_status`), and the
+        children as written or found in place."""
+        namespace = body["metadata"]["namespace"]
+        children = []
         for obj in d.delete:
             log.info("deleting %s %s/%s of an earlier run", obj["kind"], namespace, obj["metadata"]["name"])
             await self.kube.delete(obj["kind"], namespace, obj["metadata"]["name"])
         for obj in d.create:
-            current = seen.get((obj["kind"], obj["metadata"]["name"]), UNREAD)
-            if current is UNREAD:  # not read in this reconcile: as its watch last delivered it, if it did
-                current = self.watched_children.get(obj["kind"], namespace, obj["metadata"]["name"])
-            await self.kube.ensure(obj, KINDS[obj["kind"]].mutable or (), current)
+            children.append(await self._ensure(namespace, obj, seen, given))
         for kind, name, patch in d.patch:  # against the object as observed: a concurrent change answers 409
             observed = (seen.get((kind, name)) or {}).get("metadata", {}).get("resourceVersion")
             if observed:
                 patch = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": observed}}
-            await self.kube.patch(kind, namespace, name, patch)
+            children.append(await self.kube.patch(kind, namespace, name, patch))
         for type_, reason, message in d.events:
             try:
                 await self.kube.event(body, type_, reason, message)
             except ApiError as e:
                 if e.transient:
                     raise  # retried with the reconcile, before the status moves on
-                log.warning("could not post event %s on %s %s/%s: %s", reason, body["kind"], namespace, meta["name"], e)
+                log.warning(
+                    "could not post event %s on %s %s/%s: %s",
+                    reason,
+                    body["kind"],
+                    namespace,
+                    body["metadata"]["name"],
+                    e,
+                )
+        return await self._write_status(body, d), children
+
+    async def _ensure(self, namespace: str, obj: dict, seen: Seen, given: Given) -> dict:
+        """A child created or re-applied where it differs from what is there: as read in this
+        reconcile, else as its watch last delivered it, else as read now. One presumed absent is
+        created, and a 409 says it was there after all (the reconcile then runs again)."""
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        current = seen.get((kind, name), UNREAD)
+        if current is UNREAD:
+            current = self.watched_children.get(kind, namespace, name, UNREAD)
+        if current is UNREAD and given.absent(kind, name):
+            current = None
+        try:
+            presumed = (kind, name) in given.presumed
+            return await self.kube.ensure(obj, KINDS[kind].mutable or (), current, presumed=presumed)
+        except ApiError as e:
+            if e.status == 404:  # patched from a copy of a child since deleted: read it next time
+                self.watched_children.gone(kind, namespace, name)
+            raise
+
+    async def _write_status(self, body: dict, d: Decision[Any]) -> str | None:
+        """The status decided, as a JSON patch that tests the conditions the decision was made on:
+        a condition another controller added meanwhile is never overwritten unseen (422, and the
+        reconcile runs again at once). Returns the version it produced when the CR holds nothing
+        else new (`observed.only_its_status_changed`): the echo of that write is then skipped."""
+        meta = body["metadata"]
         before, after = body.get("status") or {}, d.status
         if before == after:
             return None
         ops = status_patch(before, after, meta["resourceVersion"])
-        written = await self.kube.patch_json(body["kind"], namespace, meta["name"], ops, status=True)
-        return written["metadata"]["resourceVersion"]
+        written = await self.kube.patch_json(body["kind"], meta["namespace"], meta["name"], ops, status=True)
+        return written["metadata"]["resourceVersion"] if only_its_status_changed(body, written, after) else None
 
     # ------------------------------------------------------------------ polling
 
@@ -303,30 +309,6 @@ class Controller:
                         await self.reconcile(kind, meta["namespace"], meta["name"], obj)
 
 
-class WatchedChildren:
-    """The operator's children as their watches last delivered them, cut to what `Kube.ensure`
-    compares: re-applying a child that no reconcile reads (a ConfigMap) costs no read. A copy older
-    than the object makes ensure's patch answer 409, and the reconcile reads it again."""
-
-    def __init__(self) -> None:
-        self._objects: dict[tuple[str, str, str], dict] = {}
-
-    def saw(self, event: str, body: Mapping[str, Any]) -> None:
-        meta = body["metadata"]
-        key = (body["kind"], meta["namespace"], meta["name"])
-        if event == "DELETED":
-            self._objects.pop(key, None)
-            return
-        kept = {k: meta[k] for k in ("name", "namespace", "labels", "annotations", "resourceVersion") if k in meta}
-        self._objects[key] = {
-            "metadata": kept,
-            **{k: copy.deepcopy(body[k]) for k in ("spec", "data") if k in body},
-        }
-
-    def get(self, kind: str, namespace: str, name: str) -> dict | object:
-        return self._objects.get((kind, namespace, name), UNREAD)
-
-
 def owner_of(body: Mapping[str, Any]) -> tuple[str, str] | None:
     """(kind, name) of the CR controlling a child, from its ownerReferences."""
     for ref in body["metadata"].get("ownerReferences") or []:
@@ -337,10 +319,10 @@ def owner_of(body: Mapping[str, Any]) -> tuple[str, str] | None:
 
 def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:  # noqa: C901  each handler it declares counts as its own branches
     """Declare the handlers on a registry (one per operator, so tests get fresh ones)."""
-    managed = {"app.kubernetes.io/managed-by": common.MANAGED_BY}
 
     @kopf.index(api.GROUP, api.VERSION, api.SERVE.plural, id="serves_by_fine_tune", registry=registry)  # type: ignore[arg-type]  # kopf's protocol allows a None namespace (cluster-scoped kinds; ours are namespaced)
-    def serves_by_fine_tune(spec: kopf.Spec, name: str, namespace: str, **_: Any) -> dict | None:
+    async def serves_by_fine_tune(spec: kopf.Spec, name: str, namespace: str, **_: Any) -> dict | None:
+        # async: kopf runs a sync handler in a thread of its executor, a hop per event for a dict
         ref = fine_tune_ref(spec)
         return {(namespace, ref): name} if ref else None
 
@@ -367,13 +349,17 @@ def register(registry: kopf.OperatorRegistry, controller: Controller) -> None:  
         owner = owner_of(body)
         if owner:
             controller.watched_children.saw(type, body)
-            await controller.reconcile(owner[0], namespace, owner[1])
+            child = None if type == "DELETED" else body
+            await controller.reconcile(owner[0], namespace, owner[1], child=child)
 
+    # Children are told by their controller ownerReference, not by a label: a child whose labels
+    # someone removed is still seen (its copy kept up to date, its owner woken to put them back).
     for kind in where(wakes_owner=True):
         group, _, version = KINDS[kind].api_version.rpartition("/")
-        kopf.on.event(
-            group, version, KINDS[kind].plural, labels=managed, id=f"child-{KINDS[kind].plural}", registry=registry
-        )(child_event)  # type: ignore[arg-type]  # kopf's protocol allows a None namespace (cluster-scoped kinds; ours are namespaced)
+        on_child = kopf.on.event(
+            group, version, KINDS[kind].plural, id=f"child-{KINDS[kind].plural}", registry=registry
+        )
+        on_child(child_event)  # type: ignore[arg-type]  # kopf's protocol allows a None namespace (cluster-scoped kinds; ours are namespaced)
 
     @kopf.on.startup(registry=registry)
     async def start_poller(memo: kopf.Memo, **_: Any) -> None:

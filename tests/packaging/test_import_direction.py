@@ -44,7 +44,7 @@ OPERATOR_LAYERS = [
     ("plan", ("gemma_operator.plan",)),
     ("children", ("gemma_operator.children",)),
     ("lifecycles", ("gemma_operator.lifecycle", "gemma_operator.plan_text", "gemma_operator.plan_compare")),
-    ("reconcile", ("gemma_operator.reconcile",)),
+    ("reconcile", ("gemma_operator.reconcile", "gemma_operator.reading", "gemma_operator.observed")),
     ("runner", ("gemma_operator.runner",)),
     ("command line", ("gemma_operator.cli",)),
 ]

@@ -76,3 +76,16 @@ def test_retries_of_a_starting_api_server_are_info_and_others_stay_errors(caplog
         api_log.error("Request attempt #1/7 failed; will retry: GET /api/v1/configmaps -> ClientConnectorError()")
     assert [r.levelname for r in caplog.records] == ["INFO", "INFO", "ERROR"]
     assert caplog.records[0].getMessage().startswith("the API server is starting; Request attempt #5/7")
+
+
+def test_kopf_says_each_handler_succeeded_no_more_and_still_warns(caplog):
+    """kopf logs every handler's success at INFO through its per-object logger `kopf.objects`
+    (`_core/actions/execution.py`, `execute_handler_once`): one line per watch event."""
+    log_filters.install(handlers=[])
+    objects = logging.getLogger("kopf.objects")
+    with caplog.at_level(logging.INFO):
+        objects.info("Handler 'register.<locals>.fine_tune_event' succeeded.")
+        objects.warning("Handler 'register.<locals>.fine_tune_event' failed temporarily: boom")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "Handler 'register.<locals>.fine_tune_event' failed temporarily: boom")
+    ]

@@ -6,7 +6,8 @@ functions."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import json
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -35,6 +36,7 @@ class Lifecycle(Generic[P, V]):
     kind: api.Kind
     inputs: Callable[[dict], list[Read[Any]]]  # the CR -> what its plan depends on, read first
     plan: Callable[[dict, Found, OperatorSettings], tuple[P | None, list[str]]]  # -> (plan, problems)
+    plan_key: Callable[[dict, Found], Hashable]  # everything the plan is made from, as a key to reuse it by
     reads: Callable[[dict, P], list[Read[Any]]]  # (previous status, plan) -> what the decision needs
     view: Callable[[dict, dict, P | None, list[str], Found], V]  # (resource fields, CR, plan, problems, found)
     decide: Callable[[V, OperatorSettings], Decision[Any]]
@@ -115,10 +117,19 @@ def _finetune_metrics(tracker: PhaseTracker, body: dict, view: finetune.FineTune
         prometheus_metrics.CHIP_HOURS.labels(view.plan.placement.accelerator).inc(added)
 
 
+def _identity(body: dict) -> tuple[Hashable, ...]:
+    """What every plan is made from of the CR itself: which object it is, its spec (by its
+    generation) and its labels (a Kueue queue, say)."""
+    meta = body["metadata"]
+    labels = tuple(sorted((meta.get("labels") or {}).items()))
+    return body["kind"], meta["namespace"], meta["name"], meta.get("uid"), meta.get("generation"), labels
+
+
 FINETUNE: Lifecycle[FineTunePlan, finetune.FineTuneView] = Lifecycle(
     api.FINETUNE,
     inputs=lambda _: [],
     plan=_plan_finetune,
+    plan_key=lambda body, _: _identity(body),
     reads=lambda status, plan: finetune_reads(status, plan).declared(),
     view=_finetune_view,
     decide=finetune.decide,
@@ -246,10 +257,22 @@ def _serve_metrics(_: PhaseTracker, __: dict, view: serve.ServeView, d: Decision
     prometheus_metrics.benchmark(view.namespace, view.name, d.status.get("benchmark"))
 
 
+def _serve_plan_key(body: dict, found: Found) -> Hashable:
+    """With a fineTuneRef the plan serves what the fine-tune holds now, and what the status says
+    was served and rejected: the fine-tune's version and the whole status are part of the key."""
+    ref = _fine_tune(body)
+    if ref is None:
+        return _identity(body)
+    fine_tune = found[ref]
+    version = (fine_tune or {}).get("metadata", {}).get("resourceVersion")
+    return _identity(body), version, json.dumps(body.get("status"), sort_keys=True)
+
+
 SERVE: Lifecycle[ServePlan, serve.ServeView] = Lifecycle(
     api.SERVE,
     inputs=lambda body: [ref] if (ref := _fine_tune(body)) else [],
     plan=_plan_serve,
+    plan_key=_serve_plan_key,
     reads=lambda _, plan: r.declared() if (r := serve_reads(plan)) else [],
     view=_serve_view,
     decide=serve.decide,

@@ -62,7 +62,7 @@ async def test_a_running_job_and_its_config_changed_by_others_are_put_back(opera
     await cluster.phase("GemmaFineTune", NS, "ft", "Training")
     labels = job["metadata"]["labels"]
     want = (await cluster.get("ConfigMap", NS, train))["data"]
-    # Its watch selects the operator's Jobs by this label: without it, only the poller sees the Job.
+    # Its watch follows the Job by its controller ownerReference: a Job without the label still wakes it.
     await cluster.kube.patch("Job", NS, train, {"metadata": {"labels": {"app.kubernetes.io/managed-by": None}}})
     await cluster.wait_for(lambda: _job_labels_are(cluster, train, labels), message="the Job's labels restored")
     await cluster.kube.patch("ConfigMap", NS, train, {"data": {"train.json": "{}"}})
