@@ -18,7 +18,8 @@ CRDS = Path(__file__).resolve().parents[1] / "manifests" / "crds"
 # run a little slower, a trade every test that compiles wins. Set before any test process starts JAX;
 # the subprocesses inherit it, and the tests that set their own XLA_FLAGS add to it.
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):  # pytest-xdist's workers inherit it
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 MARK = "control_plane"  # every test that talks to the real API server carries it (pytest_collection_modifyitems)
 
 

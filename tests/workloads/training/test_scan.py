@@ -59,8 +59,9 @@ def test_the_base_weights_are_held_stacked():
 
 def test_scanned_layers_give_the_unrolled_loss_and_gradients():
     """The fast path's pieces inside the scan: `dots` remat around each scanned layer, the XLA
-    attention kernel and the chunked loss. The default path (reference attention, whole logits) is
-    trained scanned by the resume test below; the forward alone (evaluation's) is the greedy test's."""
+    attention kernel and the chunked loss. The default remat and attention (full, Tunix's) are trained
+    scanned by the resume test below; the loss runs after the decoder, outside the scan, so whole
+    logits or chunks do not touch it; the forward alone (evaluation's) is the greedy test's."""
     batch = tiny_lora.packed_batch()
     loss_fn = loss.trainer_loss(32)
     unrolled = five_layer_model(scanned=False, remat_policy="dots", path="xla")
