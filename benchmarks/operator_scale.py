@@ -7,8 +7,10 @@ Deployment) exists, the create->Job latency percentiles, the operator's RSS (idl
 1,000th Job and at the end, after every CR was reconciled once more: memory that grows with
 history shows there) and its CPU time during the burst, the share of the operator's creates
 answered 409 AlreadyExists (wasted writes: under throttling they are the ones that get the 429s),
-during the burst and in steady state (every CR re-reconciled once more), and, in the same run, a
-bare client creating the same ConfigMap + Job pairs itself (the API's own limit).
+during the burst and in steady state (every CR re-reconciled once more). Then, in the same run and
+on the same server, two baselines (api_baselines.py): a bare client creating each fine-tune's
+ConfigMap + Job pair, and one making every write of the operator's first reconciles (the CRs
+themselves, their children, first statuses and Events): the API's own floor for this burst.
 
 The in-process API runs in this process. With --real the benchmark starts the project's control
 plane (kube-apiserver and kube-controller-manager 1.36 on loopback, `gemma_devcluster.control_plane`;
@@ -32,6 +34,7 @@ until every CR's status records its children (statuses that tell the truth).
     python benchmarks/operator_scale.py --count 1000
     python benchmarks/operator_scale.py --count 1000 --real
     python benchmarks/operator_scale.py --count 10000 --no-steady
+    python benchmarks/operator_scale.py --count 10000 --real --no-steady --no-baselines
     python benchmarks/operator_scale.py --count 1000 --profile operator.raw
     python benchmarks/operator_scale.py --count 20 --fault-rate 0.2
     python benchmarks/operator_scale.py --count 0 --poll-reads 100
@@ -57,10 +60,7 @@ import psutil
 import yaml
 
 from gemma_devcluster.faults import FaultyApiServer
-from gemma_operator.children import training_objects
 from gemma_operator.kube import USER_AGENT, Kube
-from gemma_operator.plan import plan_finetune
-from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import Progress
 
 BENCH_AGENT = "operator-scale-benchmark"  # this script's own requests, told apart from the operator's
@@ -174,7 +174,7 @@ class InProcess:
     def bare_kube(self) -> Kube:
         return Kube.from_url(self.url, user_agent=BENCH_AGENT)
 
-    async def before_bare(self, count: int) -> float:
+    async def before_bare(self, count: int, namespace: str) -> float:
         self.api.calm()
         return 0.0
 
@@ -287,8 +287,7 @@ async def run_operator(
         backend.kubeconfig(workdir), workdir, {} if backend.faulty else {"progress_poll_seconds": 3600}
     )
     serves = max(1, count // 10)
-    crs = [fine_tune(f"ft-{i:05d}", "bench") for i in range(count)]
-    crs += [serve(f"sv-{i:05d}", "bench") for i in range(serves)]
+    crs = burst_of(count, "bench")
     try:
         ps = psutil.Process(proc.pid)
         await asyncio.sleep(5)  # let kopf log in and start its watches
@@ -319,7 +318,7 @@ async def run_operator(
         rss["peak"] = max(rss["peak"], ps.memory_info().rss)
         statuses = await truthful(backend.kube, crs, 120) if backend.faulty else None
         settled = await backend.settle()
-        burst = backend.operator_creates()
+        in_burst = backend.operator_creates()
         if steady:
             await touch_all(backend.kube, crs, concurrency)
             settled = await backend.settle() and settled
@@ -341,8 +340,8 @@ async def run_operator(
         "requests": requests,
         "latencies": latencies,
         "rss": rss,
-        "burst_409": share(burst, collections.Counter()),
-        "steady_409": share(backend.operator_creates(), burst) if steady else None,
+        "burst_409": share(in_burst, collections.Counter()),
+        "steady_409": share(backend.operator_creates(), in_burst) if steady else None,
         "settled": settled,
         "statuses_s": statuses,
     }
@@ -436,28 +435,9 @@ async def poll_reads(api: Timed, count: int, period: float, polls_wanted: int, w
     return {"reads": reads, "polls": polls, "seconds": seconds, "training": training}
 
 
-async def run_bare(kube: Kube, namespace: str, count: int, concurrency: int) -> dict:
-    """A client that creates what the operator would, with no reconciling: the API's ceiling."""
-    settings = OperatorSettings()
-    objects = []
-    for i in range(count):
-        cr = fine_tune(f"bare-{i:05d}", namespace)
-        p = plan_finetune(cr["metadata"]["name"], namespace, cr["spec"], settings)
-        objects += training_objects(p, settings)
-    start = time.perf_counter()
-    queue = [objects[i : i + 2] for i in range(0, len(objects), 2)]
-
-    async def worker() -> None:
-        while queue:
-            for obj in queue.pop():
-                await kube.create(obj)
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return {"total_s": time.perf_counter() - start}
-
-
 async def scale(backend, args: argparse.Namespace) -> None:
-    """The operator's burst, then the bare client's, on one backend; prints the figures."""
+    """The operator's burst, then the API's own baselines (api_baselines.py), on one backend;
+    prints the figures."""
     print(f"API server:                     {backend.name}")
     print(f"load average before:            {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -465,13 +445,37 @@ async def scale(backend, args: argparse.Namespace) -> None:
             backend, args.count, args.concurrency, Path(tmp), Profiler(args.profile), not args.no_steady
         )
     report(op, args)  # at once: a long run that is stopped later still says what it measured
-    waited = await backend.before_bare(args.count)
-    bare = await run_bare(backend.bare_kube(), "bare", args.count, args.concurrency)
-    report_bare(op, bare, args, waited)
+    if args.no_baselines:
+        return
+    statuses = {}
+    for kind, name in (("GemmaFineTune", "ft-00000"), ("GemmaServe", "sv-00000")):
+        statuses[kind] = ((await backend.kube.get(kind, "bench", name)) or {}).get("status") or {}
+    baselines = _api_baselines()
+    waited = await backend.before_bare(args.count, "bench")
+    bare = await baselines.bare_pairs(backend.bare_kube(), burst_of(args.count, "bare"), args.concurrency)
+    waited += await backend.before_bare(args.count, "bare")
+    crs = burst_of(args.count, "writes")
+    writes = await baselines.same_writes(backend.bare_kube(), crs, args.concurrency, statuses)
+    report_bare(op, bare, writes, args, waited)
     print(f"load average after:             {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.profile:
         print(f"\nwhere the operator's CPU went during the burst, {args.profile}:")
         _operator_profile().report(args.profile, args.count + max(1, args.count // 10), op["cpu_s"])
+
+
+def burst_of(count: int, namespace: str) -> list[dict]:
+    """The CRs of a burst: `count` GemmaFineTunes and a GemmaServe for every ten."""
+    crs = [fine_tune(f"ft-{i:05d}", namespace) for i in range(count)]
+    return crs + [serve(f"sv-{i:05d}", namespace) for i in range(max(1, count // 10))]
+
+
+def _api_baselines():
+    """api_baselines.py, beside this file (on the path when this runs as a script)."""
+    try:
+        from benchmarks import api_baselines
+    except ImportError:
+        import api_baselines
+    return api_baselines
 
 
 def _operator_profile():
@@ -518,14 +522,17 @@ def report(op: dict, args: argparse.Namespace) -> None:
     print(f"load average:                   {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
 
-def report_bare(op: dict, bare: dict, args: argparse.Namespace, waited: float) -> None:
+def report_bare(op: dict, bare: float, writes: float, args: argparse.Namespace, waited: float) -> None:
     count = args.count
     if waited:
         print(
-            f"before the bare client:         {waited:.0f} s for the Job controller to make every pod of the operator's Jobs"
+            f"before the baselines:           {waited:.0f} s for the Job controller to make every pod of the Jobs before them"
         )
-    print(f"bare client: same objects in    {bare['total_s']:.2f} s ({count / bare['total_s']:.0f} pairs/s)")
-    print(f"ratio operator/bare (time):     {op['total_s'] / bare['total_s']:.2f}x")
+    print(f"bare client: same objects in    {bare:.2f} s ({count / bare:.0f} ConfigMap + Job pairs/s)")
+    print(f"bare client: same writes in     {writes:.2f} s (the CRs, their children, first statuses and Events)")
+    print(f"ratio operator/bare (time):     {op['total_s'] / bare:.2f}x")
+    print(f"ratio same writes/bare (time):  {writes / bare:.2f}x (a client making the operator's writes alone)")
+    print(f"ratio operator/same writes:     {op['total_s'] / writes:.2f}x (what the operator adds to its writes)")
 
 
 async def in_process(args: argparse.Namespace) -> None:
@@ -554,7 +561,7 @@ async def real(args: argparse.Namespace) -> None:
         import real_api
     with (
         tempfile.TemporaryDirectory() as tmp,
-        real_api.started(Path(tmp) / "control-plane", "bench", "bare") as backend,
+        real_api.started(Path(tmp) / "control-plane", ["bench", "bare", "writes"]) as backend,
     ):
         await scale(backend, args)
 
@@ -571,6 +578,12 @@ if __name__ == "__main__":
         action="store_true",
         help="skip the steady-state pass (every CR touched once more): at 10,000 CRs the in-process API's "
         "list calls, which scan every object, make it measure that API more than the operator",
+    )
+    parser.add_argument(
+        "--no-baselines",
+        action="store_true",
+        help="skip the bare client's baselines: at 10,000 CRs on the real server, the Job controller takes "
+        "many minutes to make the burst's pods, which a baseline must wait for",
     )
     parser.add_argument("--profile", type=Path, help="py-spy's samples of the operator during the burst, to this file")
     parser.add_argument("--fault-rate", type=float, default=0.0, help="share of the operator's writes failed")

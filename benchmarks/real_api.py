@@ -138,14 +138,15 @@ class RealApi:
     def bare_kube(self) -> Kube:
         return Kube(self.plane.client(), user_agent="operator-scale-benchmark")
 
-    async def before_bare(self, count: int, limit: float = 600) -> float:
-        """Wait until the Job controller has made a pod for every Job of the operator's run, so that
-        the bare client meets a cluster as quiet as the operator did; returns how long that took."""
+    async def before_bare(self, count: int, namespace: str, limit: float = 600) -> float:
+        """Wait until the Job controller has made a pod for every Job in `namespace` (the run
+        before), so that the next baseline meets a cluster as quiet as the operator did; returns
+        how long that took."""
         start = time.perf_counter()
         core = kubernetes.client.CoreV1Api(self.plane.client())
         while time.perf_counter() - start < limit:
             pods = await asyncio.to_thread(
-                core.list_namespaced_pod, self.namespace, label_selector="batch.kubernetes.io/job-name"
+                core.list_namespaced_pod, namespace, label_selector="batch.kubernetes.io/job-name"
             )
             if len(pods.items) >= count:
                 break
@@ -156,22 +157,46 @@ class RealApi:
         self._stop.set()
 
     def _watch(self, plural: str) -> None:
-        """Note when each object of `plural` in the namespace was first seen (its watch's ADDED)."""
+        """Note when each object of `plural` in the namespace was first seen (its watch's ADDED).
+        Each watch resumes from the last version seen and its events stay plain JSON: at 10,000
+        Jobs a watch that began afresh would replay every Job, and parsing them into the client's
+        models would starve this process's clients."""
         with self.plane.client() as client:
             api = kubernetes.client.BatchV1Api(client) if plural == "jobs" else kubernetes.client.AppsV1Api(client)
             lister = api.list_namespaced_job if plural == "jobs" else api.list_namespaced_deployment
+            version = None
             while not self._stop.is_set():
-                watch = kubernetes.watch.Watch()
-                try:  # a watch started before the server's watch cache is ready answers 504: start again
-                    for event in watch.stream(lister, self.namespace, timeout_seconds=60):
-                        name = event["object"].metadata.name
-                        if (plural, name) not in self.created:
-                            self.created[(plural, name)] = time.perf_counter()
-                            self._counts[plural] += 1
-                        if self._stop.is_set():
-                            watch.stop()
+                since = {"resource_version": version} if version else {}
+                try:
+                    response = lister(
+                        self.namespace,
+                        watch=True,
+                        timeout_seconds=60,
+                        _preload_content=False,
+                        **since,
+                    )
+                    try:
+                        version = self._take(plural, kubernetes.watch.watch.iter_resp_lines(response), version)
+                    finally:
+                        response.release_conn()
                 except (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError, ValueError):
-                    time.sleep(0.5)
+                    time.sleep(0.5)  # a watch started before the server's watch cache is ready answers 504
+
+    def _take(self, plural: str, lines: Iterator[str], version: str | None) -> str | None:
+        """Note the objects a watch delivers; returns the version to resume from (None: list again)."""
+        for line in lines:
+            event = json.loads(line)
+            if event["type"] == "ERROR":  # 410: the version is too old, list again; else try again soon
+                time.sleep(0.5)
+                return None if event["object"].get("code") == 410 else version
+            meta = event["object"]["metadata"]
+            version = meta.get("resourceVersion") or version
+            if event["type"] == "ADDED" and (plural, meta["name"]) not in self.created:
+                self.created[(plural, meta["name"])] = time.perf_counter()
+                self._counts[plural] += 1
+            if self._stop.is_set():
+                break
+        return version
 
 
 def _apply(plane: control_plane.ControlPlane, objects: list[dict]) -> None:
@@ -221,11 +246,12 @@ def install(plane: control_plane.ControlPlane, namespaces: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def started(state: Path, namespace: str, bare_namespace: str) -> Iterator[RealApi]:
-    """A fresh control plane in `state`, installed for the benchmark, stopped afterwards."""
+def started(state: Path, namespaces: list[str]) -> Iterator[RealApi]:
+    """A fresh control plane in `state`, installed for the benchmark, stopped afterwards; the
+    operator's burst goes to the first namespace, the baselines' to the others."""
     with control_plane.running(state, audit=AUDIT_POLICY) as plane:
-        install(plane, [namespace, bare_namespace])
-        api = RealApi(plane, namespace)
+        install(plane, namespaces)
+        api = RealApi(plane, namespaces[0])
         try:
             yield api
         finally:
