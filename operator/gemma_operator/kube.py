@@ -1,17 +1,16 @@
 """Every call the operator makes to the Kubernetes API, in one place.
 
-The official client does the HTTP, auth and TLS; its blocking calls run in threads so the kopf
-event loop stays free. The kinds it may touch, and how, are the table in `kinds.py`.
+The official client reads the configuration and makes each request's URL and headers (auth
+included); `transport.py` carries the request in the event loop. The kinds it may touch, and
+how, are the table in `kinds.py`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import builtins
-import concurrent.futures
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kubernetes
@@ -21,6 +20,7 @@ from kubernetes.client.rest import ApiException
 from gemma_operator import api, reasons
 from gemma_operator.clock import now, timestamp
 from gemma_operator.kinds import KINDS, KindInfo
+from gemma_operator.transport import UNANSWERED, Transport
 
 # Names the operator's requests in API server audit logs (and lets tests tell them from their own).
 USER_AGENT = "gemma-tpu-operator"
@@ -30,11 +30,10 @@ UNREAD = object()  # `Kube.ensure`: what exists was not read yet
 UNREACHABLE = 0  # ApiError.status when no answer came: refused, reset, timed out, TLS failed
 # Every request gives up after this long, so that no call outlives the leader's Lease (leader.py).
 REQUEST_TIMEOUT = (5.0, 30.0)  # seconds to connect, then to read
-# Requests in flight at once. Each reconcile waits on its own requests in turn, so the operator's
-# throughput is this many over the API's latency: with asyncio's default of CPU count + 4 threads
-# (6 on two cores) a burst of 500 CRs on a real kube-apiserver took 15.3 s, with 16 9.9 s.
+# Requests in flight at once (per event loop). Each reconcile waits on its own requests in turn, so
+# the operator's throughput is this many over the API's latency: with 6 in flight a burst of 500
+# CRs on a real kube-apiserver took 15.3 s, with 16 9.9 s.
 REQUESTS_IN_FLIGHT = 32
-_REQUESTS = concurrent.futures.ThreadPoolExecutor(REQUESTS_IN_FLIGHT, thread_name_prefix="kube-request")
 
 
 class ApiError(Exception):
@@ -70,18 +69,30 @@ def api_error(e: ApiException | urllib3.exceptions.HTTPError | OSError, request:
     """The one translation of what the Kubernetes client raises (CLIENT_ERRORS) into ApiError, so
     that every caller's handling of API errors applies to a refused connection too."""
     if isinstance(e, ApiException) and e.status:
-        try:
-            body = json.loads(e.body or "{}")
-        except ValueError:
-            body = {}
-        try:
-            retry_after = float((e.headers or {})["Retry-After"])
-        except (KeyError, TypeError, ValueError):
-            retry_after = None
-        reason, message = body.get("reason") or str(e.reason), body.get("message") or str(e.body)
-        return ApiError(e.status, reason, message, request, retry_after)
+        return answer_error(e.status, e.body, e.headers, request, str(e.reason))
     cause = e.reason if isinstance(e, urllib3.exceptions.MaxRetryError) and e.reason else e
     return ApiError(UNREACHABLE, "Unreachable", f"{type(cause).__name__}: {cause}", request)
+
+
+def answer_error(
+    status: int, text: str | bytes | None, headers: Mapping[str, str] | None, request: str = "", reason: str = ""
+) -> ApiError:
+    """ApiError of an answer other than 2xx: the reason and message of its Status body, and its
+    Retry-After (429, 503) when it gave one."""
+    try:
+        body = json.loads(text or "{}")
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    try:
+        retry_after = float((headers or {})["Retry-After"])
+    except (KeyError, TypeError, ValueError):
+        retry_after = None
+    text = text.decode(errors="replace") if isinstance(text, bytes) else text
+    return ApiError(
+        status, body.get("reason") or reason or str(status), body.get("message") or str(text), request, retry_after
+    )
 
 
 class Kube:
@@ -95,10 +106,8 @@ class Kube:
         may_write: Callable[[], bool] | None = None,
     ) -> None:
         client.user_agent = user_agent
-        if (client.configuration.connection_pool_maxsize or 0) < REQUESTS_IN_FLIGHT:  # a connection per request
-            client.configuration.connection_pool_maxsize = REQUESTS_IN_FLIGHT
-            client.rest_client = kubernetes.client.rest.RESTClientObject(client.configuration)
         self._client, self._kinds = client, kinds
+        self._transport = Transport(client.configuration, REQUESTS_IN_FLIGHT, REQUEST_TIMEOUT)
         # Asked before every write: a replica that no longer leads must not write (leader.py).
         self._may_write = may_write
 
@@ -130,29 +139,22 @@ class Kube:
         request = f"{method} {path}"
         if method != "GET" and self._may_write is not None and not self._may_write():
             raise NotLeading(request)
-
-        def call() -> Any:
-            c = self._client
-            try:
-                # The body is plain JSON already: it goes to the REST client, which dumps it, without
-                # param_serialize's walk through every value of it (a fifth of the client's time).
-                method_, url, headers, _, _ = c.param_serialize(
-                    method,
-                    path,
-                    query_params=list((query or {}).items()),
-                    header_params={"Content-Type": content_type, "Accept": "application/json"},
-                    auth_settings=["BearerToken"],
-                )
-                resp = c.call_api(method_, url, header_params=headers, body=body, _request_timeout=REQUEST_TIMEOUT)
-                resp.read()
-            except CLIENT_ERRORS as e:
-                raise api_error(e, request) from None
-            text = (resp.data or b"").decode()
-            if not 200 <= resp.status < 300:
-                raise api_error(ApiException(http_resp=resp), request)
-            return text if raw else json.loads(text or "null")
-
-        return await asyncio.get_running_loop().run_in_executor(_REQUESTS, call)
+        # The official client makes the URL and the headers, its token among them (refreshed
+        # when it expires); the transport carries them.
+        method_, url, headers, _, _ = self._client.param_serialize(
+            method,
+            path,
+            query_params=list((query or {}).items()),
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        try:
+            answer = await self._transport.request(method_, url, headers, body)
+        except UNANSWERED as e:
+            raise ApiError(UNREACHABLE, "Unreachable", f"{type(e).__name__}: {e}", request) from None
+        if not 200 <= answer.status < 300:
+            raise answer_error(answer.status, answer.text, answer.headers, request)
+        return answer.text if raw else json.loads(answer.text or "null")
 
     async def get(self, kind: str, namespace: str, name: str) -> dict | None:
         try:
