@@ -37,16 +37,19 @@ async def in_parallel(jobs: list[Callable[[], Awaitable[None]]], concurrency: in
     return time.perf_counter() - start
 
 
+def children_of(cr: dict, settings: OperatorSettings) -> list[dict]:
+    """The children the operator's first reconcile of `cr` creates, without their owner reference
+    (it needs the uid the CR's creation gives): planned before any clock starts."""
+    meta = cr["metadata"]
+    if cr["kind"] == api.FINETUNE.kind:
+        return training_objects(plan_finetune(meta["name"], meta["namespace"], cr["spec"], settings), settings)
+    return serving_objects(plan_serve(meta["name"], meta["namespace"], cr["spec"], settings), settings)
+
+
 async def bare_pairs(kube: Kube, crs: list[dict], concurrency: int) -> float:
     """Seconds for a bare client to create each fine-tune's ConfigMap + Job (the CRs aside)."""
     settings = OperatorSettings()
-    pairs = []
-    for cr in crs:
-        if cr["kind"] == api.FINETUNE.kind:
-            meta = cr["metadata"]
-            pairs.append(
-                training_objects(plan_finetune(meta["name"], meta["namespace"], cr["spec"], settings), settings)
-            )
+    pairs = [children_of(cr, settings) for cr in crs if cr["kind"] == api.FINETUNE.kind]
 
     def create(objects: list[dict]) -> Callable[[], Awaitable[None]]:
         async def job() -> None:
@@ -63,21 +66,13 @@ async def same_writes(kube: Kube, crs: list[dict], concurrency: int, statuses: d
     (`statuses`: the status the operator wrote, by kind), the CR's own creation included."""
     settings = OperatorSettings()
 
-    def writes(cr: dict) -> Callable[[], Awaitable[None]]:
+    def writes(cr: dict, children: list[dict]) -> Callable[[], Awaitable[None]]:
         async def job() -> None:
             made = await kube.create(cr)
             meta = made["metadata"]
-            kind = api.KINDS[cr["kind"]]
-            owner = owner_reference(kind, meta["name"], meta["uid"])
-            if kind is api.FINETUNE:
-                children = training_objects(
-                    plan_finetune(meta["name"], meta["namespace"], cr["spec"], settings), settings, owner
-                )
-            else:
-                plan = plan_serve(meta["name"], meta["namespace"], cr["spec"], settings)
-                children = serving_objects(plan, settings, owner)
+            owner = owner_reference(api.KINDS[cr["kind"]], meta["name"], meta["uid"])
             for child in children:
-                await kube.create(child)
+                await kube.create({**child, "metadata": {**child["metadata"], "ownerReferences": [owner]}})
             status = statuses[cr["kind"]]
             ops = status_patch({}, status, meta["resourceVersion"])
             await kube.patch_json(cr["kind"], meta["namespace"], meta["name"], ops, status=True)
@@ -85,4 +80,4 @@ async def same_writes(kube: Kube, crs: list[dict], concurrency: int, statuses: d
 
         return job
 
-    return await in_parallel([writes(cr) for cr in crs], concurrency)
+    return await in_parallel([writes(cr, children_of(cr, settings)) for cr in crs], concurrency)

@@ -10,7 +10,7 @@ answered 409 AlreadyExists (wasted writes: under throttling they are the ones th
 during the burst and in steady state (every CR re-reconciled once more). Then, in the same run and
 on the same server, two baselines (api_baselines.py): a bare client creating each fine-tune's
 ConfigMap + Job pair, and one making every write of the operator's first reconciles (the CRs
-themselves, their children, first statuses and Events): the API's own floor for this burst.
+themselves, their children, first statuses and Events): what those writes alone cost the API.
 
 The in-process API runs in this process. With --real the benchmark starts the project's control
 plane (kube-apiserver and kube-controller-manager 1.36 on loopback, `gemma_devcluster.control_plane`;
@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import importlib
 import os
 import shutil
 import signal
@@ -174,7 +175,7 @@ class InProcess:
     def bare_kube(self) -> Kube:
         return Kube.from_url(self.url, user_agent=BENCH_AGENT)
 
-    async def before_bare(self, count: int, namespace: str) -> float:
+    async def before_baseline(self, count: int, namespace: str) -> float:
         self.api.calm()
         return 0.0
 
@@ -447,20 +448,24 @@ async def scale(backend, args: argparse.Namespace) -> None:
     report(op, args)  # at once: a long run that is stopped later still says what it measured
     if args.no_baselines:
         return
+    firsts: dict[str, dict] = {}  # the first CR of each kind, whose status the operator wrote
+    for cr in burst_of(args.count, "bench"):
+        firsts.setdefault(cr["kind"], cr)
     statuses = {}
-    for kind, name in (("GemmaFineTune", "ft-00000"), ("GemmaServe", "sv-00000")):
-        statuses[kind] = ((await backend.kube.get(kind, "bench", name)) or {}).get("status") or {}
-    baselines = _api_baselines()
-    waited = await backend.before_bare(args.count, "bench")
+    for kind, cr in firsts.items():
+        meta = cr["metadata"]
+        statuses[kind] = ((await backend.kube.get(kind, meta["namespace"], meta["name"])) or {}).get("status") or {}
+    baselines = _beside("api_baselines")
+    waited = await backend.before_baseline(args.count, "bench")
     bare = await baselines.bare_pairs(backend.bare_kube(), burst_of(args.count, "bare"), args.concurrency)
-    waited += await backend.before_bare(args.count, "bare")
+    waited += await backend.before_baseline(args.count, "bare")
     crs = burst_of(args.count, "writes")
     writes = await baselines.same_writes(backend.bare_kube(), crs, args.concurrency, statuses)
     report_bare(op, bare, writes, args, waited)
     print(f"load average after:             {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.profile:
         print(f"\nwhere the operator's CPU went during the burst, {args.profile}:")
-        _operator_profile().report(args.profile, args.count + max(1, args.count // 10), op["cpu_s"])
+        _beside("operator_profile").report(args.profile, args.count + max(1, args.count // 10), op["cpu_s"])
 
 
 def burst_of(count: int, namespace: str) -> list[dict]:
@@ -469,22 +474,12 @@ def burst_of(count: int, namespace: str) -> list[dict]:
     return crs + [serve(f"sv-{i:05d}", namespace) for i in range(max(1, count // 10))]
 
 
-def _api_baselines():
-    """api_baselines.py, beside this file (on the path when this runs as a script)."""
+def _beside(module: str):
+    """A module of benchmarks/, beside this file (on the path when this runs as a script)."""
     try:
-        from benchmarks import api_baselines
+        return importlib.import_module(f"benchmarks.{module}")
     except ImportError:
-        import api_baselines
-    return api_baselines
-
-
-def _operator_profile():
-    """operator_profile.py, beside this file (on the path when this runs as a script)."""
-    try:
-        from benchmarks import operator_profile
-    except ImportError:
-        import operator_profile
-    return operator_profile
+        return importlib.import_module(module)
 
 
 def _mib(value: float | None) -> str:
@@ -555,10 +550,7 @@ async def in_process(args: argparse.Namespace) -> None:
 
 
 async def real(args: argparse.Namespace) -> None:
-    try:
-        from benchmarks import real_api
-    except ImportError:
-        import real_api
+    real_api = _beside("real_api")
     with (
         tempfile.TemporaryDirectory() as tmp,
         real_api.started(Path(tmp) / "control-plane", ["bench", "bare", "writes"]) as backend,

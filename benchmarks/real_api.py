@@ -138,7 +138,7 @@ class RealApi:
     def bare_kube(self) -> Kube:
         return Kube(self.plane.client(), user_agent="operator-scale-benchmark")
 
-    async def before_bare(self, count: int, namespace: str, limit: float = 600) -> float:
+    async def before_baseline(self, count: int, namespace: str, limit: float = 600) -> float:
         """Wait until the Job controller has made a pod for every Job in `namespace` (the run
         before), so that the next baseline meets a cluster as quiet as the operator did; returns
         how long that took."""

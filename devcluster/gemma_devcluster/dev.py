@@ -39,13 +39,13 @@ from gemma_devcluster.kubelet import Node
 from gemma_devcluster.processes import port_in_use
 from gemma_operator import api, benchmark_results
 from gemma_operator.kube import ApiError, Kube
+from gemma_operator.plan.finetune import COMPILATION_CACHE_FOLDER
 from gemma_operator.settings import OperatorSettings
 from gemma_workloads.config import run_dir
 
 DATA_CLAIM = "gemma-data"  # the PVC of examples/quickstart, a folder here
 QUESTIONS = tiny.demo_questions()  # also the fine-tune's eval set (examples/quickstart/finetune.yaml)
 DATASET, EVAL_SET = "capitals.jsonl", "capitals-eval.jsonl"
-COMPILATION_CACHE = "compilation-cache"  # a fine-tune's own, beside its runs (plan.finetune.compilation_cache_dir)
 # The tiny model, made so that a short fine-tune can get confident (tiny.TinyConfig.embed_std).
 MODEL_ARGS = ["--examples", "96", "--embed-std", "0.2"]
 
@@ -121,7 +121,7 @@ def _clear_runs(data: Path) -> None:
     the fine-tunes' runs go, their JAX compilation caches (`<output>/compilation-cache`) stay, and so
     does the server's (spec.compilationCache, outside `runs`)."""
     for child in (data / "runs").glob("*/*"):
-        if child.name == COMPILATION_CACHE:
+        if child.name == COMPILATION_CACHE_FOLDER:
             continue
         if child.is_dir():
             shutil.rmtree(child)

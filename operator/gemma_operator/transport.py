@@ -3,8 +3,9 @@
 The official client still reads the kubeconfig or the in-cluster account, and makes each
 request's URL and headers (its token refreshed when it expires); aiohttp carries them, with the
 client's TLS settings. In the client's own way, a pool of threads, a burst of 1,000 CRs cost the
-operator 5.2-5.8 ms of CPU per CR; in the loop, 3.3-3.5 ms (benchmarks/operator_scale.py): no
-hop to a thread and back for each request, no interpreter lock handed among 32 threads.
+operator a median 5.89 ms of CPU per CR in process and 7.32 ms on kube-apiserver; in the loop,
+4.56 and 6.73 ms (benchmarks/operator_scale.py, three runs each): no hop to a thread and back
+for each request, no interpreter lock handed among 32 threads.
 
 Each event loop gets its own session per client (aiohttp's sessions belong to one loop). They are
 closed when their loop shuts its asynchronous generators down, as `asyncio.run`, pytest-asyncio
@@ -16,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-import weakref
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -55,33 +55,31 @@ class Transport:
     def __init__(self, cfg: kubernetes.client.Configuration, in_flight: int, timeout: tuple[float, float]) -> None:
         self._cfg, self._in_flight = cfg, in_flight
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout[0], sock_read=timeout[1])
-        self._proxy = cfg.proxy if cfg.proxy and not should_bypass_proxies(cfg.host, cfg.no_proxy or "") else None
-        if self._proxy and is_socks_proxy_url(self._proxy):
-            raise ValueError(f"a SOCKS proxy ({self._proxy}) is not supported: use an HTTP proxy")
-        self._ssl = ssl_context(cfg) if cfg.host.startswith("https") else None
-        self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = (
-            weakref.WeakKeyDictionary()
-        )
+        proxy = cfg.proxy if cfg.proxy and not should_bypass_proxies(cfg.host, cfg.no_proxy or "") else None
+        if proxy and is_socks_proxy_url(proxy):
+            raise ValueError(f"a SOCKS proxy ({proxy}) is not supported: use an HTTP proxy")
+        # What every request passes besides its own method, URL, headers and body.
+        self._extra: dict[str, Any] = {"proxy": proxy, "proxy_headers": cfg.proxy_headers} if proxy else {}
+        if cfg.tls_server_name:
+            self._extra["server_hostname"] = cfg.tls_server_name
+        self._ssl: ssl.SSLContext | bool = ssl_context(cfg) if cfg.host.startswith("https") else False
+        # A session per loop; a closed loop's entry keeps its closed session until a new one replaces it.
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
 
     async def request(self, method: str, url: str, headers: Mapping[str, str], body: Any = None) -> Answer:
         """Send one request; raises one of UNANSWERED when no answer came."""
         # A body already encoded (server-side apply's YAML or JSON text) goes as it is, as the
         # official client sends it; any other is JSON.
         data = body if body is None or isinstance(body, str | bytes) else json.dumps(body)
-        extra: dict[str, Any] = {}
-        if self._proxy:
-            extra.update(proxy=self._proxy, proxy_headers=self._cfg.proxy_headers)
-        if self._cfg.tls_server_name:
-            extra["server_hostname"] = self._cfg.tls_server_name
         session = await self._session()
-        async with session.request(method, url, headers=dict(headers), data=data, **extra) as response:
+        async with session.request(method, url, headers=headers, data=data, **self._extra) as response:
             return Answer(response.status, dict(response.headers), await response.text())
 
     async def _session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         session = self._sessions.get(loop)
         if session is None or session.closed:
-            connector = aiohttp.TCPConnector(limit=self._in_flight, ssl=self._ssl if self._ssl else False)
+            connector = aiohttp.TCPConnector(limit=self._in_flight, ssl=self._ssl)
             # The official client sends no Accept-Encoding: neither does this one (no gzip on loopback).
             session = aiohttp.ClientSession(
                 connector=connector, timeout=self._timeout, skip_auto_headers=("Accept-Encoding",)

@@ -44,6 +44,9 @@ MAX_TP = 4  # Gemma 4 31B's global layers have 4 KV heads: TP=8 does not divide 
 # What to change when a model does not fit, by the spec's block of the accelerator.
 LARGER = {"spec.tpu": "a larger topology", "spec.gpu": "more GPUs (gpu.count) or a GPU with more memory"}
 
+# A fine-tune's own JAX compilation cache, beside its runs in its output, when no cluster-wide one is set.
+COMPILATION_CACHE_FOLDER = "compilation-cache"
+
 
 @dataclass(frozen=True)
 class RunEstimate:
@@ -248,7 +251,7 @@ def compilation_cache_dir(spec: api.GemmaFineTuneSpec, namespace: str, settings:
         return None
     if settings.compilation_cache_uri:
         return join(settings.compilation_cache_uri, namespace)
-    return join(spec.output.uri, "compilation-cache")
+    return join(spec.output.uri, COMPILATION_CACHE_FOLDER)
 
 
 def train_config(
