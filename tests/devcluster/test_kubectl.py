@@ -85,7 +85,7 @@ def kubectl_for(apiserver, tmp_path):
     return kubectl
 
 
-@pytest.mark.skipif(not KUBECTL, reason="kubectl is not installed")
+@pytest.mark.usefixtures("kubectl_path")
 async def test_kubectl_gets_our_kinds_and_the_built_in_ones(apiserver, tmp_path):
     cluster = Cluster(apiserver)
     await cluster.apply(finetune("ft").obj())

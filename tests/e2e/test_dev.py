@@ -10,7 +10,6 @@ from gemma_devcluster import dev
 from gemma_devcluster.client import NodeKube
 from tests.support.demo import (
     KUBECTL,
-    VLLM_PYTHON,
     Printed,
     arguments,
     ask_live_servers,
@@ -21,7 +20,7 @@ from tests.support.demo import (
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not VLLM_PYTHON, reason="set GEMMA_VLLM_PYTHON to vLLM's environment (make test does)"),
+    pytest.mark.usefixtures("vllm_python"),
 ]
 
 

@@ -13,11 +13,9 @@ import pytest
 from gemma_devcluster import control_plane, dev
 from gemma_devcluster.agent import NODE_NAME
 from gemma_devcluster.client import NodeKube
-from tests.conftest import in_ci
+from tests.support import tiers
 from tests.support.demo import (
-    KUBECTL,
     NS,
-    VLLM_PYTHON,
     Printed,
     arguments,
     ask_live_servers,
@@ -30,8 +28,7 @@ from tests.support.demo import (
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.control_plane,
-    pytest.mark.skipif(not VLLM_PYTHON, reason="set GEMMA_VLLM_PYTHON to vLLM's environment (make test does)"),
-    pytest.mark.skipif(not KUBECTL, reason="kubectl reads the cluster's state"),
+    pytest.mark.usefixtures("vllm_python", "kubectl_path"),
 ]
 CONTROLLERS = "kube-controller-manager"  # the field manager of what the real controllers create
 
@@ -41,9 +38,7 @@ def scripts():
     try:
         return control_plane.scripts_dir()
     except control_plane.ControlPlaneMissing as e:
-        if in_ci():
-            pytest.fail(f"CI needs the real control plane: {e}")
-        pytest.skip(str(e))
+        tiers.unavailable(str(e))
 
 
 def created_by(obj: dict) -> set[str]:

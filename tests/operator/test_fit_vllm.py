@@ -55,7 +55,7 @@ CASES = [
 ]
 
 
-@pytest.mark.skipif(not VLLM_PYTHON, reason="set GEMMA_VLLM_PYTHON to vLLM's environment (make test does)")
+@pytest.mark.usefixtures("vllm_python")
 def test_kv_cache_matches_vllms_own_sizing():
     queries = []
     for preset, tp, max_len, batched in CASES:
