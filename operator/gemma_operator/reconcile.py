@@ -29,7 +29,14 @@ from gemma_operator.kube import UNREAD, ApiError, Kube, status_patch
 from gemma_operator.lifecycle.common import Decision
 from gemma_operator.lifecycle.reads import Found
 from gemma_operator.lifecycle.wiring import LIFECYCLES, fine_tune_ref
-from gemma_operator.observed import DecidedVersions, Key, RecentPlans, WatchedChildren, only_its_status_changed
+from gemma_operator.observed import (
+    DecidedVersions,
+    Key,
+    RecentPlans,
+    WatchedChildren,
+    only_its_status_changed,
+    version_of,
+)
 from gemma_operator.reading import Given, Reader
 from gemma_operator.settings import OperatorSettings
 
@@ -68,6 +75,9 @@ class Controller:
         # The resourceVersion of each CR as read by its latest completed reconcile: whoever changed
         # a CR can tell when the operator has acted on that change, and on nothing older.
         self.reconciled: dict[Key, str] = {}
+        # The resourceVersion of each CR that its latest handled watch event delivered, whether skipped as
+        # an echo or reconciled: whoever wrote a CR can tell when the operator has seen that write.
+        self.handled: dict[Key, str] = {}
         # What completed reconciles decided on (the CRs' versions, the children's), and the plans
         # they made: an event that brings nothing new is skipped (observed.py).
         self.versions = DecidedVersions()
@@ -96,6 +106,7 @@ class Controller:
     def forget(self, kind: str, namespace: str, name: str) -> None:
         self._locks.pop((kind, namespace, name), None)
         self.reconciled.pop((kind, namespace, name), None)
+        self.handled.pop((kind, namespace, name), None)
         self.versions.forget((kind, namespace, name))
         self.retries.forget((kind, namespace, name))
         self.tracker.forget(kind, namespace, name)
@@ -157,6 +168,8 @@ class Controller:
             prometheus_metrics.RECONCILES.labels(kind, "ok").inc()
         finally:
             prometheus_metrics.RECONCILE_SECONDS.labels(kind).observe(time.perf_counter() - started)
+            if watched is not None and (version := version_of(watched)) and key in self._locks:
+                self.handled[key] = version
 
     def _completed(self, key: Key, outcome: Outcome | None) -> None:
         """Keep what a completed reconcile decided on; of a CR gone or going (a child's last events

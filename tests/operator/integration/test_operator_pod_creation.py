@@ -22,6 +22,7 @@ from gemma_operator.conditions import condition
 from gemma_operator.kube import Kube
 from gemma_operator.settings import OperatorSettings
 from tests.support.builders import finetune, serve
+from tests.support.operator import settled
 
 NS = "default"
 MISSING = 'error looking up service account default/{sa}: serviceaccount "{sa}" not found'
@@ -78,7 +79,8 @@ async def test_a_job_refused_for_its_service_account_says_why_and_heals(operator
         assert MISSING.format(sa="gemma-trainer") in c["message"]
         assert "create ServiceAccount default/gemma-trainer" in c["message"]
         assert gft["status"]["phase"] == "Pending" and gft["status"]["message"] == c["message"]
-        await asyncio.sleep(1)  # several reconciles (the poller runs every 0.3 s): still one Event
+        for _ in range(2):  # two more reconciles, each reading the CR after the condition was written
+            await settled(cluster, operator, "GemmaFineTune", NS, "nosa")
         [event] = await warnings(cluster, "nosa")
         assert event["type"] == "Warning" and event["message"] == c["message"]
 

@@ -58,6 +58,26 @@ async def touched(cluster, controller, name: str) -> None:
     await cluster.wait_for(read, message=f"a reconcile of {name} at resourceVersion {version}")
 
 
+async def echoes_handled(cluster, controller, name: str, children: list[tuple[str, str]]) -> None:
+    """Once the operator's watches have delivered, and its handlers taken, the CR and its children as they
+    are now (the echoes of its own creates and status write): what it did about them is then all done."""
+
+    async def seen() -> bool:
+        cr = await cluster.get("GemmaFineTune", NS, name)
+        if controller.handled.get(("GemmaFineTune", NS, name)) != cr["metadata"]["resourceVersion"]:
+            return False
+        for kind, child in children:
+            copy = controller.watched_children.get(kind, NS, child) or {"metadata": {}}
+            if (
+                copy["metadata"].get("resourceVersion")
+                != (await cluster.get(kind, NS, child))["metadata"]["resourceVersion"]
+            ):
+                return False
+        return True
+
+    await cluster.wait_for(seen, message=f"the operator's watches to deliver {name} and its children as they are")
+
+
 def by_verb_and_resource(calls) -> collections.Counter:
     out: collections.Counter = collections.Counter()
     for call, n in calls.items():
@@ -73,7 +93,7 @@ async def test_a_new_fine_tune_costs_its_writes_and_no_read(quiet_operator, clus
     await cluster.apply(b.obj())
     await cluster.job(NS, name)
     await cluster.phase("GemmaFineTune", NS, "fresh", "Pending")
-    await asyncio.sleep(1.0)  # echoes that would cost a read arrive within milliseconds
+    await echoes_handled(cluster, quiet_operator, "fresh", [("ConfigMap", name), ("Job", name)])
     calls = by_verb_and_resource(operator_calls(cluster.api))
     assert calls[("create", "configmaps")] == 1 and calls[("create", "jobs")] == 1
     assert calls[("patch", "gemmafinetunes/status")] == 1, "one status write, not one per echo"
