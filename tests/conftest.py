@@ -97,6 +97,8 @@ def namespace(control_plane):
 
 # The folders whose tests train, merge, compile XLA programs or start vLLM; `make test-fast` leaves them out.
 ML_FOLDERS = ("tests/workloads/training/", "tests/workloads/merging/", "tests/serving/", "tests/e2e/")
+# The whole pipeline runs (a cluster, training, merge, vLLM): twice the time pyproject's `timeout` gives a test.
+PIPELINE_FOLDER, PIPELINE_TIMEOUT = "tests/e2e/", 1200
 
 
 def pytest_collection_modifyitems(items):
@@ -105,6 +107,8 @@ def pytest_collection_modifyitems(items):
             item.add_marker(MARK)
         if item.nodeid.startswith(ML_FOLDERS):
             item.add_marker("ml")
+        if item.nodeid.startswith(PIPELINE_FOLDER) and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(PIPELINE_TIMEOUT))
         if item.get_closest_marker(MARK):  # its reports carry it: a keyword would also match the folder's name
             item.user_properties.append(("tier", MARK))
 
