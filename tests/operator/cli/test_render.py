@@ -1,5 +1,6 @@
 """Every object of every example renders and is valid Kubernetes, checked offline."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,17 @@ def test_plan_json_gives_the_derived_values(capsys):
     }
     assert p["workload"] == "JobSet" and p["mesh"] == {"fsdp": 2, "tp": 4} and p["gradientAccumulation"] == 4
     assert p["hbmPerChip"]["fits"] and p["estimate"]["chipHours"] > 0
+
+
+def test_render_reads_integers_and_names_as_the_server_gets_them(tmp_path, capsys):
+    """kubectl sends `seed: 0o10` as 8 (Go's integer syntax) and the server names a CR with only a
+    generateName itself: render takes both, and says what stands for the server's random characters."""
+    text = (EXAMPLES / "quickstart" / "finetune.yaml").read_text()
+    text = text.replace("  name: tiny-capitals\n", "  generateName: tiny-\n").replace("steps: 200", "steps: 0o310")
+    (tmp_path / "cr.yaml").write_text(text)
+    assert cli.main_exit(["render", "-f", str(tmp_path / "cr.yaml")]) == 0
+    captured = capsys.readouterr()
+    config = next(d for d in yaml.safe_load_all(captured.out) if d["kind"] == "ConfigMap")
+    assert config["metadata"]["name"].startswith("tiny-xxxxx-")
+    assert json.loads(config["data"]["train.json"])["steps"] == 200
+    assert "the API server names it 'tiny-' and 5 random characters" in captured.err
