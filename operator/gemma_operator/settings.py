@@ -177,7 +177,8 @@ class OperatorSettings(_Settings):
     workload_user: int = Field(
         default=65532,
         ge=1,
-        description="uid and gid of the workloads image's USER: owner of the FUSE mounts it writes to.",
+        description="uid and gid every pod the operator creates runs as (the USER of the project's images), "
+        "owner of the FUSE mounts and volumes it writes to.",
     )
     merge_fuse_sidecar_memory: str = Field(
         # The driver's default is 256Mi; what writing two multi-GB files needs was not measured.
