@@ -53,6 +53,22 @@ class Images(_Settings):
     )
 
 
+class Toleration(_Settings):
+    """A toleration (core/v1 Toleration) the operator puts on every pod it creates."""
+
+    key: str | None = Field(default=None, description="Taint key; none, with operator Exists: every taint.")
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists, or Equal to value.")
+    value: str | None = Field(default=None, description="Taint value, with operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect tolerated; none: every effect."
+    )
+
+    def manifest(self) -> dict[str, str]:
+        """As a pod spec writes it: the fields that are set."""
+        out = {"key": self.key, "operator": self.operator, "value": self.value, "effect": self.effect}
+        return {k: v for k, v in out.items() if v}
+
+
 class Resources(_Settings):
     """CPU/memory of the workload containers beside their TPU chips."""
 
@@ -173,6 +189,11 @@ class OperatorSettings(_Settings):
         default_factory=dict,
         description="Node pool per v6e topology (e.g. '2x4': a ct6e-standard-8t pool), since "
         "2x4 also matches the two-host ct6e-standard-4t shape.",
+    )
+    pod_tolerations: list[Toleration] = Field(
+        default_factory=list,
+        description="Tolerations added to every pod the operator creates, beside the TPU and GPU ones: for nodes "
+        "dedicated to its workloads (`gemma-tpu dev` adds the one of its local node's taint).",
     )
     workload_user: int = Field(
         default=65532,

@@ -18,6 +18,7 @@ from kubernetes.client.rest import ApiException
 from gemma_operator import api, cli
 from gemma_operator.children import benchmark, merge_objects, serving_objects, training_objects
 from gemma_operator.settings import OperatorSettings
+from tests.support.validation import pod_templates
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ENFORCED = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn")}
@@ -38,19 +39,6 @@ def example_children(settings: OperatorSettings) -> list[dict]:
             out += serving_objects(plan, settings)
             out += [benchmark.job(plan, settings, None)] if plan.spec.benchmark else []
     return out
-
-
-def pod_templates(obj: dict) -> list[tuple[str, dict]]:
-    """(where, template) of each pod template an object holds."""
-    spec = obj.get("spec") or {}
-    if obj["kind"] in ("Job", "Deployment"):
-        return [(obj["kind"], spec["template"])]
-    if obj["kind"] == "JobSet":
-        return [(f"JobSet job {r['name']}", r["template"]["spec"]["template"]) for r in spec["replicatedJobs"]]
-    if obj["kind"] == "LeaderWorkerSet":
-        lws = spec["leaderWorkerTemplate"]
-        return [("LWS leader", lws["leaderTemplate"]), ("LWS worker", lws["workerTemplate"])]
-    return []
 
 
 @pytest.fixture(scope="module")

@@ -157,8 +157,11 @@ def place(pod_spec: dict[str, Any], placement: Any, service_account: str | None)
 
 
 def every_pod(pod_spec: dict[str, Any], settings: OperatorSettings) -> dict[str, Any]:
-    """What every pod spec the operator creates carries: who it runs as (`workload_pod_security`)."""
+    """What every pod spec the operator creates carries: who it runs as (`workload_pod_security`), and
+    the tolerations the platform gives all of them (settings.pod_tolerations) after the placement's."""
     pod_spec["securityContext"] = workload_pod_security(settings)
+    if settings.pod_tolerations:
+        pod_spec["tolerations"] = [*pod_spec.get("tolerations", []), *(t.manifest() for t in settings.pod_tolerations)]
     return pod_spec
 
 

@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from gemma_operator import cli
-from gemma_operator.children import merge_objects, serving_objects, training_objects
+from gemma_operator.children import benchmark, merge_objects, serving_objects, training_objects
 from gemma_operator.settings import OperatorSettings
-from tests.support.validation import validate_cr, validate_object
+from tests.support.validation import pod_templates, validate_cr, validate_object
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 EXAMPLE_FILES = sorted(p for p in EXAMPLES.rglob("*.yaml") if "gitops" not in p.parts)  # gitops/: Argo CD and Flux
@@ -167,3 +167,26 @@ def test_render_reads_integers_and_names_as_the_server_gets_them(tmp_path, capsy
     assert config["metadata"]["name"].startswith("tiny-xxxxx-")
     assert json.loads(config["data"]["train.json"])["steps"] == 200
     assert "the API server names it 'tiny-' and 5 random characters" in captured.err
+
+
+def test_every_pod_runs_restricted_and_carries_the_platform_tolerations():
+    """Each pod template of every example's children: the pod security context of Pod Security's
+    `restricted` level (held to a real API server by tests/control_plane/test_pod_security.py), and
+    settings.pod_tolerations after the placement's own."""
+    extra = {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+    settings = OperatorSettings.model_validate({"pod_tolerations": [extra]})
+    docs = cli._load_crs([str(EXAMPLES), str(EXAMPLES / "quickstart")])
+    plans, _ = cli.plan_documents(docs, settings)
+    objects = []
+    for kind, plan in plans:
+        if kind == "GemmaFineTune":
+            objects += training_objects(plan, settings) + merge_objects(plan, settings)
+        else:
+            objects += serving_objects(plan, settings) + (
+                [benchmark.job(plan, settings, None)] if plan.spec.benchmark else []
+            )
+    templates = [(o["metadata"]["name"], where, t["spec"]) for o in objects for where, t in pod_templates(o)]
+    assert {where.split()[0] for _, where, _ in templates} == {"Job", "JobSet", "Deployment", "LWS"}
+    for name, where, spec in templates:
+        assert spec["securityContext"]["runAsNonRoot"] and spec["securityContext"]["runAsUser"] == 65532, (name, where)
+        assert spec["tolerations"][-1] == extra, (name, where, spec["tolerations"])
