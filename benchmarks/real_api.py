@@ -31,7 +31,7 @@ import yaml
 
 from gemma_devcluster import control_plane
 from gemma_operator import rbac
-from gemma_operator.kube import Kube
+from gemma_operator.kube import REQUESTS_IN_FLIGHT, Kube
 from gemma_operator.settings import OperatorSettings
 
 CRDS = Path(__file__).resolve().parents[1] / "manifests" / "crds"
@@ -86,7 +86,7 @@ class RealApi:
 
     def __init__(self, plane: control_plane.ControlPlane, namespace: str) -> None:
         self.plane, self.namespace = plane, namespace
-        self.kube = Kube(plane.client(), user_agent="operator-scale-benchmark")
+        self.kube = self.bare_kube()
         self.created: dict[tuple[str, str], float] = {}
         self._counts: collections.Counter = collections.Counter()
         self._audit = AuditTail(plane.state / "audit.log")
@@ -136,7 +136,10 @@ class RealApi:
         return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
 
     def bare_kube(self) -> Kube:
-        return Kube(self.plane.client(), user_agent="operator-scale-benchmark")
+        """A client with the operator's requests in flight (kube.REQUESTS_IN_FLIGHT), as its runner sets them."""
+        client = self.plane.client()
+        client.configuration.connection_pool_maxsize = REQUESTS_IN_FLIGHT
+        return Kube(client, user_agent="operator-scale-benchmark")
 
     async def before_baseline(self, count: int, namespace: str, limit: float = 600) -> float:
         """Wait until the Job controller has made a pod for every Job in `namespace` (the run

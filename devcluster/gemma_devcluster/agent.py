@@ -24,7 +24,7 @@ import logging
 import time
 from typing import Any
 
-from gemma_devcluster import node_status, scheduling, services
+from gemma_devcluster import confinement, node_status, scheduling, services
 from gemma_devcluster.client import NodeKube
 from gemma_devcluster.controllers import Controllers
 from gemma_devcluster.kubelet import LocalPod, Node, PodStartError, addresses, log_text, waiting_status
@@ -54,11 +54,13 @@ class NodeAgent:
         *,
         name: str = NODE_NAME,
         namespaces: list[str] | None = None,
+        taint: dict[str, str] | None = None,
     ) -> None:
         """`apiserver`: the in-process API this agent runs against, or None for a real API server.
-        `namespaces`: schedule only the pods of these (every namespace when None)."""
+        `namespaces`: schedule only the pods of these (every namespace when None). `taint`: the Node's,
+        and the agent touches only the pods that tolerate it (confinement.py)."""
         self.kube, self.apiserver, self.node, self.interval = kube, apiserver, node, interval
-        self.name, self.namespaces = name, namespaces
+        self.name, self.namespaces, self.taint = name, namespaces, taint
         self.controllers = Controllers(kube) if apiserver is not None else None
         self.pods: dict[str, LocalPod] = {}  # by pod uid: the pods whose containers this node runs
         self._settled: set[str] = set()  # uids of pods this node has started or found lost: never again
@@ -108,12 +110,15 @@ class NodeAgent:
             self._kubelet_api = KubeletApi(self.local_pod, self.node.workdir / "kubelet", self.name)
             self._port = await self._kubelet_api.start()
         wanted = node_status.node_object(self.name, self._machine)
+        if self.taint:
+            wanted["spec"]["taints"] = [dict(self.taint)]
         try:
             self._node = await self.kube.create(wanted)
         except ApiError as e:
             if e.status != 409:
                 raise
-            self._node = await self.kube.patch_cluster_scoped("Node", self.name, {"metadata": wanted["metadata"]})
+            taken = {"metadata": wanted["metadata"], "spec": wanted["spec"]}
+            self._node = await self.kube.patch_cluster_scoped("Node", self.name, taken)
         await self._write_node_status()
         taints = (self._node.get("spec") or {}).get("taints") or []
         if any(t["key"] == node_status.NOT_READY_TAINT for t in taints):  # the node is Ready now
@@ -146,7 +151,7 @@ class NodeAgent:
     # ------------------------------------------------------------------ one pass
 
     async def step(self) -> None:
-        pods = await self._pods()
+        pods = [p for p in await self._pods() if confinement.ours(p, self.namespaces, self.taint)]
         for pod in pods:
             if scheduling.schedules(pod):
                 await self._schedule(pod)

@@ -42,7 +42,7 @@ from gemma_devcluster.semantics import (
     label_selector_matches,
     merge_patch,
 )
-from gemma_operator import crd
+from gemma_operator import crd, object_meta
 from gemma_operator.clock import now, timestamp
 
 HISTORY = 50_000  # watch events kept for resuming
@@ -112,6 +112,17 @@ def write_kubeconfig(path: Path, url: str) -> Path:
         )
     )
     return path
+
+
+# The characters the API server draws a generated name's suffix from (k8s.io/apimachinery
+# pkg/util/rand: no vowels, no 0, 1 or 3, so that no word is spelt by chance).
+NAME_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+
+def generated_name(prefix: str) -> str:
+    """A name from generateName as the API server makes it: the prefix cut to 58 characters, then 5 random ones."""
+    suffix = "".join(secrets.choice(NAME_SUFFIX_ALPHABET) for _ in object_meta.GENERATED_STAND_IN)
+    return prefix[: object_meta.GENERATED_PREFIX] + suffix
 
 
 class Call(NamedTuple):
@@ -454,7 +465,7 @@ class ApiServer(kmock.KubernetesScaffold):
         if not meta.get("name"):
             if not meta.get("generateName"):
                 raise error(422, "Invalid", "metadata.name or metadata.generateName is required")
-            meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
+            meta["name"] = generated_name(meta["generateName"])
         if "status" in kind.subresources:
             obj.pop("status", None)
         if kind.kind == "Pod" and kind.resource.group == "":

@@ -8,8 +8,10 @@ the quickstart and follows it through the same client calls.
   process, and the node agent also playing the Job and Deployment controllers.
 - A real API server (`--kubeconfig FILE`, or `--real`, which starts the control plane of
   control_plane.py first): the CRDs and the chart's RBAC installed (install.py), the operator as its
-  own process under its ServiceAccount's token (operator_process.py), the real Job, ReplicaSet and
-  Deployment controllers, and the agent as the one node.
+  own process under its ServiceAccount's token (operator_process.py), watching the demo's namespaces,
+  the real Job, ReplicaSet and Deployment controllers, and the agent as a tainted node that runs only
+  the demo's pods (confinement.py). On `--real`'s own control plane the demo's namespaces enforce Pod
+  Security's restricted level.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from pathlib import Path
 
 import kmock
 
-from gemma_devcluster import control_plane, install, operator_process
-from gemma_devcluster.agent import NodeAgent
+from gemma_devcluster import confinement, control_plane, install, operator_process
+from gemma_devcluster.agent import NODE_NAME, NodeAgent
 from gemma_devcluster.apiserver import ApiServer, write_kubeconfig
 from gemma_devcluster.client import NodeKube
 from gemma_devcluster.kubelet import LocalPod, Node, log_text
@@ -81,8 +83,11 @@ async def in_process(
         op_stop, ready = asyncio.Event(), asyncio.Event()
         _, op_tasks = await runner.spawn(url, settings, op_stop, ready)
         kube = NodeKube.local(url, user_agent=DEMO_AGENT)
+        agent_ = NodeAgent(
+            NodeKube.local(url), apiserver, node, 0.25, namespaces=install.namespaces(docs), taint=confinement.TAINT
+        )
         try:
-            async with _running(NodeAgent(NodeKube.local(url), apiserver, node, interval=0.25)) as agent:
+            async with _running(agent_) as agent:
                 await asyncio.wait_for(ready.wait(), 30)
                 for account in install.workload_accounts(docs, settings):
                     await kube.create(account)
@@ -94,25 +99,42 @@ async def in_process(
 
 @contextlib.asynccontextmanager
 async def on_server(
-    kubeconfig: Path, workdir: Path, settings: OperatorSettings, node: Node, docs: list[dict]
+    kubeconfig: Path,
+    workdir: Path,
+    settings: OperatorSettings,
+    node: Node,
+    docs: list[dict],
+    *,
+    shared: bool = False,
+    restricted: bool = False,
 ) -> AsyncIterator[Cluster]:
-    """The demo on the API server `kubeconfig` names, whose credentials may install CRDs and RBAC."""
+    """The demo on the API server `kubeconfig` names, whose credentials may install CRDs and RBAC: refused
+    where the cluster has schedulable Nodes of its own unless `shared` (confinement.py); with `restricted`,
+    the demo's namespaces enforce Pod Security's restricted level first."""
     kube = NodeKube.from_kubeconfig(kubeconfig, user_agent=DEMO_AGENT)
-    url = kube.host
+    url, namespaces = kube.host, install.namespaces(docs)
     try:
         await kube.get_path("/version")
+        others = confinement.other_nodes(await kube.list("Node", None), NODE_NAME)
     except ApiError as e:
         raise BackendError(f"cannot reach the API server of {kubeconfig} ({url}): {e}") from None
+    if others and not shared:
+        raise BackendError(confinement.shared_cluster_message(str(kubeconfig), others, namespaces, NODE_NAME))
+    if restricted:
+        await install.enforce_restricted(kube, namespaces)
     await install.crds(kube)
     await install.operator_identity(kube, docs, settings)
     token_config = await install.operator_kubeconfig(kube, kubeconfig, workdir / "operator.kubeconfig")
     # Before the node runs anything: an earlier run's server must not get a new pod meanwhile.
     removed = await install.delete_earlier(kube, docs)
-    async with _running(NodeAgent(NodeKube.from_kubeconfig(kubeconfig), None, node, interval=0.25)) as agent:
+    agent_ = NodeAgent(
+        NodeKube.from_kubeconfig(kubeconfig), None, node, 0.25, namespaces=namespaces, taint=confinement.TAINT
+    )
+    async with _running(agent_) as agent:
         if removed:
             print(f"deleting what an earlier run left: {', '.join(removed)}", flush=True)
             await install.wait_children_gone(kube, docs)
-        operator = await operator_process.start(token_config, settings, workdir)
+        operator = await operator_process.start(token_config, settings, workdir, namespaces=namespaces)
         try:
             yield Cluster(kube, agent, url, kubeconfig, kube.apply, f"the API server at {url}", operator.log_path)
         finally:

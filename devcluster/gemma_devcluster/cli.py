@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from gemma_devcluster import control_plane, dev
+from gemma_devcluster import confinement, control_plane, dev
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--kubeconfig",
         help="run on the API server this kubeconfig names (a control plane without nodes of its own, such as "
-        "start-control-plane's), as an admin: the CRDs, the operator's RBAC and the local node are installed there",
+        "start-control-plane's; one with schedulable Nodes is refused), as an admin: the CRDs, the operator's RBAC "
+        "and the local node are installed there",
     )
     where.add_argument(
         "--real",
@@ -30,6 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
         "run on it, stop it",
     )
     where.add_argument("--port", type=int, default=0, help="port of the in-process Kubernetes API (0: any free one)")
+    p.add_argument(
+        confinement.ALLOW_FLAG,
+        action="store_true",
+        help="with --kubeconfig, run even though the cluster has schedulable Nodes and workloads of its own: the "
+        "demo adds a node there (tainted, so that only its pods land on it) and runs only its own pods",
+    )
     p.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
     p.add_argument("--keep-running", action="store_true", help="keep the cluster up and print a kubeconfig")
     return p

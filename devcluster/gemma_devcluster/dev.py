@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from gemma_devcluster import backends, install, operator_process, services, tiny
+from gemma_devcluster import backends, confinement, install, operator_process, services, tiny
 from gemma_devcluster.display import Table
 from gemma_devcluster.kubelet import Node
 from gemma_devcluster.processes import port_in_use
@@ -206,7 +206,8 @@ def _backend(
 ) -> contextlib.AbstractAsyncContextManager[backends.Cluster]:
     """The cluster the demo runs on: the in-process API, the server of --kubeconfig, or one started here."""
     if getattr(args, "kubeconfig", None):
-        return backends.on_server(Path(args.kubeconfig).resolve(), workdir, settings, node, docs)
+        shared = bool(getattr(args, "allow_shared_cluster", False))
+        return backends.on_server(Path(args.kubeconfig).resolve(), workdir, settings, node, docs, shared=shared)
     if getattr(args, "real", False):
         return _on_own_control_plane(workdir, settings, node, docs)
     return backends.in_process(workdir, args.port, settings, node, docs)
@@ -220,7 +221,7 @@ async def _on_own_control_plane(
     shutil.rmtree(state, ignore_errors=True)  # a control plane's folder is used once
     async with (
         backends.started_control_plane(state) as plane,
-        backends.on_server(plane.kubeconfig, workdir, settings, node, docs) as cluster,
+        backends.on_server(plane.kubeconfig, workdir, settings, node, docs, restricted=True) as cluster,
     ):
         yield cluster
 
@@ -239,7 +240,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event, own_signals: bool =
     print(f"making a tiny Gemma 4 and a chat dataset in {data}", flush=True)
     await asyncio.to_thread(_make_data, data)
 
-    settings = OperatorSettings(progress_poll_seconds=1.0)
+    # The local node is tainted: the operator tolerates the taint on every pod it makes (confinement.py).
+    settings = OperatorSettings(progress_poll_seconds=1.0, pod_tolerations=[confinement.TOLERATION])
     # Each "image" is a virtual environment; absolute, as pods run in their own folders.
     images = {
         settings.images.workloads: Path(sys.executable).parent.absolute(),
@@ -275,7 +277,7 @@ async def _demo(
         flush=True,
     )
     table.header()
-    out = await _follow(cluster, table, stop, args.timeout, out)
+    out = await _follow(cluster, docs, table, stop, args.timeout, out)
     out.total_seconds = (out.answered_at or time.monotonic()) - started  # the benchmark's figures come after
     out.phases = table.durations()
     if not out.answers:  # stopped before the end
@@ -292,15 +294,15 @@ async def _demo(
 
 
 async def _follow(
-    cluster: backends.Cluster, table: Table, stop: asyncio.Event, timeout: float, out: Outcome
+    cluster: backends.Cluster, docs: list[dict], table: Table, stop: asyncio.Event, timeout: float, out: Outcome
 ) -> Outcome:
     kube = cluster.kube
     deadline = time.monotonic() + timeout
     objs: list[dict] = []
     while not stop.is_set():
         try:
-            objs = await kube.list(api.FINETUNE.kind, None) + await kube.list(api.SERVE.kind, None)
-            crash = await _crash_loop(kube)
+            objs = await _demo_objects(kube, docs)
+            crash = await _crash_loop(kube, docs)
             port = await _serving_port(kube, _fine_tunes_server(objs))
         except ApiError as e:
             if not e.transient:  # a busy or restarting server: asked again in a moment
@@ -368,9 +370,19 @@ async def _benchmark(kube: Kube, serve: dict, stop: asyncio.Event, deadline: flo
     return None
 
 
-async def _crash_loop(kube: Kube) -> str | None:
-    """A pod whose container keeps exiting: on this machine that will not fix itself."""
-    for pod in await kube.list("Pod", None):
+async def _demo_objects(kube: Kube, docs: list[dict]) -> list[dict]:
+    """The demo's own CRs as they are now: a cluster may hold others, which are none of its business."""
+    wanted = {(d["kind"], d["metadata"].get("namespace") or "default", d["metadata"]["name"]) for d in docs}
+    found = []
+    for namespace in install.namespaces(docs):
+        found += await kube.list(api.FINETUNE.kind, namespace) + await kube.list(api.SERVE.kind, namespace)
+    return [o for o in found if (o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]) in wanted]
+
+
+async def _crash_loop(kube: Kube, docs: list[dict]) -> str | None:
+    """A pod of the demo whose container keeps exiting: on this machine that will not fix itself."""
+    pods = [p for ns in install.namespaces(docs) for p in await kube.list("Pod", ns)]
+    for pod in (p for p in pods if confinement.tolerates(p)):
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:
             if (cs.get("state") or {}).get("waiting", {}).get("reason") == "CrashLoopBackOff":
                 last = (cs.get("lastState") or {}).get("terminated") or {}

@@ -130,9 +130,22 @@ async def wait_children_gone(kube: NodeKube, docs: list[dict], timeout: float = 
         await asyncio.sleep(0.5)
 
 
+def namespaces(docs: list[dict]) -> list[str]:
+    """The namespaces the demo's CRs live in: where its pods run."""
+    return sorted({d["metadata"].get("namespace") or "default" for d in docs})
+
+
+async def enforce_restricted(kube: NodeKube, names: list[str]) -> None:
+    """Label the namespaces so that the API server admits there only pods of Pod Security's
+    `restricted` level, as a platform team would for tenants."""
+    labels = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn")}
+    for name in names:
+        await kube.patch_cluster_scoped("Namespace", name, {"metadata": {"labels": labels}})
+
+
 async def _children(kube: NodeKube, docs: list[dict]) -> list[str]:
     left = []
-    for namespace in sorted({d["metadata"].get("namespace") or "default" for d in docs}):
+    for namespace in namespaces(docs):
         names = ",".join(sorted({label_value(d["metadata"]["name"]) for d in docs}))
         selector = f"app.kubernetes.io/managed-by={MANAGED_BY},app.kubernetes.io/instance in ({names})"
         for kind in CHILD_KINDS:

@@ -10,9 +10,9 @@ from gemma_operator.kinds import KINDS, KindInfo
 LOCAL_KINDS: dict[str, KindInfo] = {
     **KINDS,
     "Secret": KindInfo("v1", "secrets", frozenset({"list"})),
-    "Namespace": KindInfo("v1", "namespaces", frozenset({"create"})),
+    "Namespace": KindInfo("v1", "namespaces", frozenset({"create", "patch"})),
     "ServiceAccount": KindInfo("v1", "serviceaccounts", frozenset({"create"})),
-    "Node": KindInfo("v1", "nodes", frozenset({"get", "create", "patch"})),
+    "Node": KindInfo("v1", "nodes", frozenset({"get", "list", "create", "patch"})),
     "Lease": KindInfo("coordination.k8s.io/v1", "leases", frozenset({"get", "create", "patch"})),
     "CustomResourceDefinition": KindInfo(
         "apiextensions.k8s.io/v1", "customresourcedefinitions", frozenset({"get", "patch"})

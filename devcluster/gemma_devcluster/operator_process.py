@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,14 +46,17 @@ def _live(url: str) -> bool:
         return False
 
 
-async def start(kubeconfig: Path, settings: OperatorSettings, folder: Path, timeout: float = 90) -> OperatorProcess:
-    """Start the operator against the server of `kubeconfig`, and return once it is live."""
+async def start(
+    kubeconfig: Path, settings: OperatorSettings, folder: Path, timeout: float = 90, namespaces: Sequence[str] = ()
+) -> OperatorProcess:
+    """Start the operator against the server of `kubeconfig`, watching `namespaces` (every one when
+    none), and return once it is live."""
     folder.mkdir(parents=True, exist_ok=True)
     settings_file = folder / "operator-settings.yaml"
     settings_file.write_text(yaml.safe_dump(settings.model_dump(mode="json", exclude_defaults=True)))
     liveness = f"http://127.0.0.1:{processes.free_port()}/healthz"
     command = [sys.executable, "-m", "gemma_operator.cli", "operator", "--settings", str(settings_file)]
-    command += ["--liveness", liveness, "--metrics-port", "0"]
+    command += ["--liveness", liveness, "--metrics-port", "0", *(f"--namespace={ns}" for ns in namespaces)]
     env = {k: os.environ[k] for k in PASSED_ON if k in os.environ} | {"KUBECONFIG": str(kubeconfig)}
     log_path = folder / "operator.log"
     group = processes.start(command, env, bin_dir=Path(sys.executable).parent, log_path=log_path, cwd=folder)

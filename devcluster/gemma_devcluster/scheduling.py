@@ -46,7 +46,7 @@ def _unschedulable(pod: dict[str, Any], node: dict[str, Any]) -> list[str]:
     return [] if tolerated else [CORDONED]
 
 
-def _tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
+def tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
     """core/v1 Toleration.ToleratesTaint: the effect matches (or is empty), and the key (empty with
     Exists tolerates every key) with Exists, or Equal and the same value."""
     if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
@@ -62,7 +62,7 @@ def _untolerated(pod: dict[str, Any], node: dict[str, Any]) -> list[str]:
     """The first NoSchedule or NoExecute taint the pod does not tolerate (PreferNoSchedule only scores)."""
     tolerations = pod["spec"].get("tolerations") or []
     for taint in (node.get("spec") or {}).get("taints") or []:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not any(_tolerates(t, taint) for t in tolerations):
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not any(tolerates(t, taint) for t in tolerations):
             return [UNTOLERATED.format(key=taint["key"], value=taint.get("value", ""))]
     return []
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from gemma_operator import api, crd, crd_validation, object_meta, plan_compare, plan_text
+from gemma_operator import api, crd, crd_validation, kube_yaml, object_meta, plan_compare, plan_text
 from gemma_operator.children import merge_objects, serving_objects, training_objects
 from gemma_operator.plan import ServePlan, SpecError, plan_finetune, plan_serve
 from gemma_operator.plan.served_model import served_model
@@ -60,18 +59,6 @@ def dump_all(objects: list[dict]) -> str:
     return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 
-class _KubeLoader(yaml.SafeLoader):
-    """YAML read as kubectl reads it: `2e-4` is a number (YAML 1.2's float), where PyYAML's YAML 1.1
-    rules make it the string "2e-4". The schema check would otherwise refuse what the API server takes."""
-
-
-_KubeLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+$"),
-    list("-+.0123456789"),
-)
-
-
 def _load_crs(paths: list[str]) -> list[Any]:
     """Every document of the given files, directories (their *.yaml, *.yml) or stdin ('-'), with the
     items of a `kind: List` (what `kubectl get -o yaml` writes) as documents of their own."""
@@ -83,7 +70,7 @@ def _load_crs(paths: list[str]) -> list[Any]:
             texts = [f.read_text() for f in sorted(Path(path).iterdir()) if f.suffix in (".yaml", ".yml")]
         else:
             texts = [Path(path).read_text()]
-        for doc in (doc for text in texts for doc in yaml.load_all(text, Loader=_KubeLoader) if doc):
+        for doc in (doc for text in texts for doc in kube_yaml.load_all(text) if doc):
             is_list = isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list)
             docs += doc["items"] if is_list else [doc]
     return docs
@@ -104,26 +91,36 @@ def ours(docs: list[Any]) -> tuple[list[Any], list[str]]:
     return mine, skipped
 
 
+def _shown(name: Any) -> str:
+    """A name as a problem line shows it: quoted when it holds a newline or another unprintable character."""
+    return name if isinstance(name, str) and name.isprintable() else repr(name)
+
+
 def _identify(doc: Any) -> tuple[str, str, str]:
     """(kind, name, namespace) of a CR, or SpecError naming what is missing."""
     if not isinstance(doc, dict):
         raise SpecError([f"{str(doc)[:40]!r}: not a Kubernetes object"])
     kind, meta = doc.get("kind"), doc.get("metadata") or {}
+    meta = meta if isinstance(meta, dict) else {}
     problems = []
     if doc.get("apiVersion") != api.API_VERSION or kind not in api.KINDS:
         problems.append(
             f"{doc.get('apiVersion') or '?'} {kind or '?'}: not a {api.API_VERSION} GemmaFineTune or GemmaServe"
         )
-    name = meta.get("name")
+    name = object_meta.effective_name(meta)
     if not name:
-        problems.append(f"{kind or '?'}: metadata.name is required")
+        problems.append(f"{kind or '?'}: metadata.name or metadata.generateName is required")
     else:
-        problems += [f"{kind or '?'}/{name}: {m}" for m in object_meta.name_problems(name)]
+        problems += [f"{kind or '?'}/{_shown(name)}: {m}" for m in object_meta.name_problems(name)]
     if problems:
         raise SpecError(problems)
     return str(kind), str(name), meta.get("namespace") or "default"
 
 
+GENERATED_NAME = (
+    "metadata.generateName: the API server names it {prefix!r} and 5 random characters, written "
+    f"{object_meta.GENERATED_STAND_IN!r} here"
+)
 UNKNOWN_FINE_TUNE = (
     "spec.model.fineTuneRef: GemmaFineTune {name!r} is not in the input, so its output is unknown: planned "
     "without it (the model served is known once that fine-tune succeeds; the HBM fit is checked only with "
@@ -145,13 +142,13 @@ def plan_documents(docs: list[Any], settings) -> tuple[list[tuple[str, Any]], li
             problems += e.problems
             continue
         if refused := object_meta.problems(doc) + crd_validation.spec_problems(kind, doc.get("spec")):
-            problems += [f"{kind}/{name}: {m}" for m in refused]
+            problems += [f"{kind}/{_shown(name)}: {m}" for m in refused]
             continue
         doc = {**doc, "spec": crd_validation.without_nulls(doc["spec"])}
         labels = (doc.get("metadata") or {}).get("labels") or {}
         if kind == api.FINETUNE.kind:
             try:
-                p = plan_finetune(name, namespace, doc["spec"], settings, labels)
+                p = _generated(plan_finetune(name, namespace, doc["spec"], settings, labels), doc)
                 finetunes[(namespace, name)] = p
                 plans.append((kind, p))
             except SpecError as e:
@@ -177,8 +174,16 @@ def plan_documents(docs: list[Any], settings) -> tuple[list[tuple[str, Any]], li
             continue
         if ref and ft is None:
             sp = replace(sp, warnings=(UNKNOWN_FINE_TUNE.format(name=ref.get("name")), *sp.warnings))
-        plans.append(("GemmaServe", sp))
+        plans.append(("GemmaServe", _generated(sp, doc)))
     return plans, problems
+
+
+def _generated(p: Any, doc: dict) -> Any:
+    """The plan of a CR named by the server from its generateName says so."""
+    meta = doc.get("metadata") or {}
+    if meta.get("name"):
+        return p
+    return replace(p, warnings=(GENERATED_NAME.format(prefix=meta["generateName"]), *p.warnings))
 
 
 def _fail(problems: list[str]) -> int:

@@ -46,6 +46,28 @@ FLOAT_INTEGERS = 2**53
 
 
 @cache
+def go_regex(pattern: str) -> re.Pattern[str]:
+    r"""A schema's pattern (Go's RE2 syntax, as the API server runs it) as a Python regex that matches the
+    same strings: RE2's `$` matches only at the very end of the text where Python's also matches before a
+    final newline, so each `$` outside a character class becomes `\Z`; and RE2's classes (`\d`, `\w`)
+    are ASCII."""
+    out, escaped, in_class = [], False, False
+    for c in pattern:
+        if escaped:
+            out.append(c)
+            escaped = False
+            continue
+        if c == "\\":
+            escaped = True
+        elif c == "[":
+            in_class = True
+        elif c == "]":
+            in_class = False
+        out.append("\\Z" if c == "$" and not in_class else c)
+    return re.compile("".join(out), re.ASCII)
+
+
+@cache
 def _spec_schema(kind: str) -> dict[str, Any]:
     version = crd.crd(api.KINDS[kind])["spec"]["versions"][0]
     return version["schema"]["openAPIV3Schema"]["properties"]["spec"]
@@ -103,7 +125,7 @@ def _scalar_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]
             out.append(f"{path}: {len(value)} characters, at most {schema['maxLength']} allowed")
         if len(value) < schema.get("minLength", 0):
             out.append(f"{path}: at least {schema['minLength']} character(s) required")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
+        if "pattern" in schema and not go_regex(schema["pattern"]).search(value):
             hint = api.PATTERN_HINTS.get(schema["pattern"], f"does not match {schema['pattern']}")
             out.append(f"{path}: {value!r} {hint}")
     return out

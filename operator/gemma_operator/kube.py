@@ -10,17 +10,15 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import kubernetes
-import urllib3
-from kubernetes.client.rest import ApiException
 
 from gemma_operator import api, reasons
 from gemma_operator.clock import now, timestamp
 from gemma_operator.kinds import KINDS, KindInfo
-from gemma_operator.transport import UNANSWERED, Transport
+from gemma_operator.transport import UNANSWERED, Deadline, DeadlinePassed, Transport
 
 # Names the operator's requests in API server audit logs (and lets tests tell them from their own).
 USER_AGENT = "gemma-tpu-operator"
@@ -28,11 +26,13 @@ UNREAD = object()  # `Kube.ensure`: what exists was not read yet
 
 
 UNREACHABLE = 0  # ApiError.status when no answer came: refused, reset, timed out, TLS failed
-# Every request gives up after this long, so that no call outlives the leader's Lease (leader.py).
-REQUEST_TIMEOUT = (5.0, 30.0)  # seconds to connect, then to read
-# Requests in flight at once (per event loop). Each reconcile waits on its own requests in turn, so
-# the operator's throughput is this many over the API's latency: with 6 in flight a burst of 500
-# CRs on a real kube-apiserver took 15.3 s, with 16 9.9 s.
+# Seconds to connect, then between reads, then in all. A write under a leader's Lease is bounded by the
+# Lease's renew deadline too (leader.py), so none is sent, or still in flight, once the replica stops leading.
+REQUEST_TIMEOUT = (5.0, 30.0, 60.0)
+# Requests in flight at once (per event loop): the client's connection_pool_maxsize, which `from_url` and the
+# operator's runner set to this. Each reconcile waits on its own requests in turn, so the operator's
+# throughput is this many over the API's latency: with 6 in flight a burst of 500 CRs on a real
+# kube-apiserver took 15.3 s, with 16 9.9 s.
 REQUESTS_IN_FLIGHT = 32
 
 
@@ -55,23 +55,11 @@ class ApiError(Exception):
 
 
 class NotLeading(ApiError):
-    """A write refused by this replica itself: it no longer holds the leader's Lease."""
+    """A write this replica did not send, or gave up on, at its Lease's renew deadline: it no longer
+    holds the leader's Lease (leader.py)."""
 
     def __init__(self, request: str = "") -> None:
         super().__init__(UNREACHABLE, reasons.NOT_LEADING, "this replica does not hold the leader's Lease", request)
-
-
-# What the Kubernetes client raises: an answer other than 2xx, or the failure to get one.
-CLIENT_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
-
-
-def api_error(e: ApiException | urllib3.exceptions.HTTPError | OSError, request: str = "") -> ApiError:
-    """The one translation of what the Kubernetes client raises (CLIENT_ERRORS) into ApiError, so
-    that every caller's handling of API errors applies to a refused connection too."""
-    if isinstance(e, ApiException) and e.status:
-        return answer_error(e.status, e.body, e.headers, request, str(e.reason))
-    cause = e.reason if isinstance(e, urllib3.exceptions.MaxRetryError) and e.reason else e
-    return ApiError(UNREACHABLE, "Unreachable", f"{type(cause).__name__}: {cause}", request)
 
 
 def answer_error(
@@ -103,18 +91,19 @@ class Kube:
         client: kubernetes.client.ApiClient,
         kinds: dict[str, KindInfo] = KINDS,
         user_agent: str = USER_AGENT,
-        may_write: Callable[[], bool] | None = None,
+        write_deadline: Deadline | None = None,
     ) -> None:
         client.user_agent = user_agent
         self._client, self._kinds = client, kinds
-        self._transport = Transport(client.configuration, REQUESTS_IN_FLIGHT, REQUEST_TIMEOUT)
-        # Asked before every write: a replica that no longer leads must not write (leader.py).
-        self._may_write = may_write
+        self._transport = Transport(client.configuration, REQUEST_TIMEOUT)
+        # The deadline of every write: a replica that no longer leads must not write (leader.py).
+        self._write_deadline = write_deadline
 
     @classmethod
     def from_url(cls, url: str, kinds: dict[str, KindInfo] = KINDS, user_agent: str = USER_AGENT) -> Kube:
         cfg = kubernetes.client.Configuration()
         cfg.host = url.rstrip("/")
+        cfg.connection_pool_maxsize = REQUESTS_IN_FLIGHT
         return cls(kubernetes.client.ApiClient(cfg), kinds, user_agent)
 
     def _path(self, kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
@@ -137,8 +126,7 @@ class Kube:
         raw: bool = False,
     ) -> Any:
         request = f"{method} {path}"
-        if method != "GET" and self._may_write is not None and not self._may_write():
-            raise NotLeading(request)
+        deadline = self._write_deadline if method != "GET" else None
         # The official client makes the URL and the headers, its token among them (refreshed
         # when it expires); the transport carries them.
         method_, url, headers, _, _ = self._client.param_serialize(
@@ -149,7 +137,9 @@ class Kube:
             auth_settings=["BearerToken"],
         )
         try:
-            answer = await self._transport.request(method_, url, headers, body)
+            answer = await self._transport.request(method_, url, headers, body, deadline)
+        except DeadlinePassed:
+            raise NotLeading(request) from None
         except UNANSWERED as e:
             raise ApiError(UNREACHABLE, "Unreachable", f"{type(e).__name__}: {e}", request) from None
         if not 200 <= answer.status < 300:

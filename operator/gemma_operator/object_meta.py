@@ -21,11 +21,17 @@ OBJECT_META = frozenset(
     | {"creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations"}
     | {"ownerReferences", "finalizers", "managedFields"}
 )
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # IsDNS1123Label, at most 63
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")  # at most 253
-QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")  # the name part, at most 63
-LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")  # at most 63, may be empty
-TOTAL_ANNOTATION_BYTES = 256 * 1024  # TotalAnnotationSizeLimitB
+# Go's `$` matches only at the very end of the text, Python's also before a final newline: every pattern
+# here is matched whole (`fullmatch`), so `name\n` is refused as the API server refuses it.
+DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # IsDNS1123Label, at most 63
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # at most 253
+QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")  # the name part, at most 63
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")  # at most 63, may be empty
+TOTAL_ANNOTATION_BYTES = 256 * 1024  # TotalAnnotationSizeLimitB: bytes of the keys and values, UTF-8
+# What the API server makes of generateName (k8s.io/apiserver pkg/storage/names/generate.go): the prefix
+# cut to 58 characters and 5 random ones added. The stand-in here is valid wherever theirs is.
+GENERATED_PREFIX = 63 - 5
+GENERATED_STAND_IN = "xxxxx"
 
 
 def qualified_name_problems(key: str) -> list[str]:
@@ -34,11 +40,11 @@ def qualified_name_problems(key: str) -> list[str]:
     out = []
     if slash and (not prefix or "/" in prefix):
         out.append("a qualified name has at most one '/', with a prefix before it")
-    elif slash and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix)):
+    elif slash and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.fullmatch(prefix)):
         out.append("its prefix must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.'), at most 253")
     if len(name) > 63:
         out.append("its name part must be no more than 63 characters")
-    if not QUALIFIED_NAME.match(name):
+    if not QUALIFIED_NAME.fullmatch(name):
         out.append(
             "its name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
             "with an alphanumeric character"
@@ -48,10 +54,38 @@ def qualified_name_problems(key: str) -> list[str]:
 
 def name_problems(name: Any) -> list[str]:
     """A custom resource's name: a DNS-1123 subdomain of at most 253 characters (NameIsDNSSubdomain)."""
-    if not isinstance(name, str) or len(name) > 253 or not DNS1123_SUBDOMAIN.match(name):
+    if not isinstance(name, str) or len(name) > 253 or not DNS1123_SUBDOMAIN.fullmatch(name):
         return [
             f"metadata.name: {name!r} is not a valid Kubernetes name (lowercase letters, digits, '-' and '.', "
             "starting and ending with a letter or digit, at most 253)"
+        ]
+    return []
+
+
+def generated_name(generate_name: str) -> str:
+    """The name the API server gives an object created with `generateName` alone, with a stand-in
+    for its 5 random characters."""
+    return generate_name[:GENERATED_PREFIX] + GENERATED_STAND_IN
+
+
+def effective_name(meta: dict[str, Any]) -> Any:
+    """The object's name once created: its own, else the one made from its generateName; None if neither."""
+    name, prefix = meta.get("name"), meta.get("generateName")
+    if name or not prefix or not isinstance(prefix, str):
+        return name or None
+    return generated_name(prefix)
+
+
+def _generate_name_problems(prefix: Any) -> list[str]:
+    """generateName as a prefix (NameIsDNSSubdomain with prefix true): a trailing '-' is allowed, as
+    apimachinery's maskTrailingDash has it (the two last characters become one 'a')."""
+    if not isinstance(prefix, str):
+        return [f"metadata.generateName: {prefix!r} is not a string"]
+    masked = prefix[:-2] + "a" if len(prefix) > 1 and prefix.endswith("-") else prefix
+    if len(masked) > 253 or not DNS1123_SUBDOMAIN.fullmatch(masked):
+        return [
+            f"metadata.generateName: {prefix!r} is not a valid prefix of a Kubernetes name (lowercase letters, "
+            "digits, '-' and '.', starting with a letter or digit)"
         ]
     return []
 
@@ -69,7 +103,7 @@ def _label_problems(labels: Any) -> list[str]:
         out += [f"metadata.labels: key {key!r}: {m}" for m in qualified_name_problems(key)]
         if len(value) > 63:
             out.append(f"metadata.labels.{key}: a label value must be no more than 63 characters")
-        elif not LABEL_VALUE.match(value):
+        elif not LABEL_VALUE.fullmatch(value):
             out.append(
                 f"metadata.labels.{key}: {value!r} is not a valid label value (alphanumeric characters, '-', '_' "
                 "or '.', starting and ending with an alphanumeric character, or empty)"
@@ -81,10 +115,15 @@ def _annotation_problems(annotations: Any) -> list[str]:
     annotations, out = _string_map_problems(annotations, "metadata.annotations")
     for key in annotations:  # ValidateAnnotations checks the key in lower case
         out += [f"metadata.annotations: key {key!r}: {m}" for m in qualified_name_problems(key.lower())]
-    size = sum(len(k) + len(v) for k, v in annotations.items())
+    size = sum(_bytes(k) + _bytes(v) for k, v in annotations.items())
     if size > TOTAL_ANNOTATION_BYTES:
         out.append(f"metadata.annotations: {size} bytes, at most {TOTAL_ANNOTATION_BYTES} in all")
     return out
+
+
+def _bytes(text: str) -> int:
+    """Go's len() of a string: its UTF-8 bytes."""
+    return len(text.encode("utf-8", errors="surrogatepass"))
 
 
 def _finalizer_problems(finalizers: Any) -> list[str]:
@@ -102,11 +141,13 @@ def problems(doc: dict[str, Any]) -> list[str]:
     if not isinstance(meta, dict):
         return [*out, "metadata: must be an object"]
     out += [f"metadata.{key}: unknown field (strict decoding)" for key in meta if key not in OBJECT_META]
-    if meta.get("name") is not None:
-        out += name_problems(meta["name"])
+    if meta.get("generateName"):
+        out += _generate_name_problems(meta["generateName"])
+    if (name := effective_name(meta)) is not None:
+        out += name_problems(name)
     namespace = meta.get("namespace")
     if namespace is not None and (
-        not isinstance(namespace, str) or len(namespace) > 63 or not DNS1123_LABEL.match(namespace)
+        not isinstance(namespace, str) or len(namespace) > 63 or not DNS1123_LABEL.fullmatch(namespace)
     ):
         out.append(
             f"metadata.namespace: {namespace!r} is not a valid namespace name (a DNS-1123 label: at most 63 "

@@ -18,7 +18,7 @@ import kopf
 import kubernetes
 
 from gemma_operator import api, leader, log_filters, prometheus_metrics
-from gemma_operator.kube import USER_AGENT, Kube
+from gemma_operator.kube import REQUESTS_IN_FLIGHT, USER_AGENT, Kube
 from gemma_operator.reconcile import Controller, register
 from gemma_operator.settings import OperatorSettings, load_settings
 
@@ -81,7 +81,9 @@ def _client_from_environment() -> kubernetes.client.ApiClient:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
-    return kubernetes.client.ApiClient()
+    client = kubernetes.client.ApiClient()
+    client.configuration.connection_pool_maxsize = REQUESTS_IN_FLIGHT
+    return client
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,9 +96,10 @@ def run(args: argparse.Namespace) -> int:
     log_filters.install()
     settings = load_settings(args.settings)
     client = _client_from_environment()
-    elector = leader.elector_for(client, args.leader_election_lease) if args.leader_election_lease else None
+    lease = args.leader_election_lease
+    elector = leader.elector_for(client, lease, USER_AGENT) if lease else None
     kube = (
-        Kube(client, user_agent=f"{USER_AGENT} ({elector.identity})", may_write=elector.holds)
+        Kube(client, user_agent=f"{USER_AGENT} ({elector.identity})", write_deadline=elector.write_deadline)
         if elector
         else Kube(client)
     )
@@ -126,10 +129,23 @@ def run(args: argparse.Namespace) -> int:
 
     controller.on_fatal = stop_on_fatal
     collect_less()
-    with contextlib.ExitStack() as stack:
-        if elector:  # wait for the Lease, then hold it while kopf runs
-            stack.enter_context(leader.leading(elector, args.liveness, stop_flag, lost))
-        kopf.run(
+    with contextlib.suppress(asyncio.CancelledError):  # as kopf.run ends
+        asyncio.run(_operate(registry, args, elector, stop_flag, lost))
+    return 1 if lost.is_set() or fatal.is_set() else 0
+
+
+async def _operate(
+    registry: kopf.OperatorRegistry,
+    args: argparse.Namespace,
+    elector: leader.Elector | None,
+    stop_flag: threading.Event,
+    lost: threading.Event,
+) -> None:
+    """kopf, once this replica leads when there is a Lease to take; the Lease is renewed in the same loop."""
+    async with contextlib.AsyncExitStack() as stack:
+        if elector:
+            await stack.enter_async_context(leader.leading(elector, args.liveness, stop_flag, lost))
+        await kopf.operator(
             registry=registry,
             standalone=args.peering is None,
             peering_name=args.peering,
@@ -138,7 +154,6 @@ def run(args: argparse.Namespace) -> int:
             namespaces=args.namespace,
             stop_flag=stop_flag,
         )
-    return 1 if lost.is_set() or fatal.is_set() else 0
 
 
 async def spawn(

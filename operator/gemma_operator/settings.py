@@ -53,6 +53,22 @@ class Images(_Settings):
     )
 
 
+class Toleration(_Settings):
+    """A toleration (core/v1 Toleration) the operator puts on every pod it creates."""
+
+    key: str | None = Field(default=None, description="Taint key; none, with operator Exists: every taint.")
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists, or Equal to value.")
+    value: str | None = Field(default=None, description="Taint value, with operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect tolerated; none: every effect."
+    )
+
+    def manifest(self) -> dict[str, str]:
+        """As a pod spec writes it: the fields that are set."""
+        out = {"key": self.key, "operator": self.operator, "value": self.value, "effect": self.effect}
+        return {k: v for k, v in out.items() if v}
+
+
 class Resources(_Settings):
     """CPU/memory of the workload containers beside their TPU chips."""
 
@@ -174,10 +190,16 @@ class OperatorSettings(_Settings):
         description="Node pool per v6e topology (e.g. '2x4': a ct6e-standard-8t pool), since "
         "2x4 also matches the two-host ct6e-standard-4t shape.",
     )
+    pod_tolerations: list[Toleration] = Field(
+        default_factory=list,
+        description="Tolerations added to every pod the operator creates, beside the TPU and GPU ones: for nodes "
+        "dedicated to its workloads (`gemma-tpu dev` adds the one of its local node's taint).",
+    )
     workload_user: int = Field(
         default=65532,
         ge=1,
-        description="uid and gid of the workloads image's USER: owner of the FUSE mounts it writes to.",
+        description="uid and gid every pod the operator creates runs as (the USER of the project's images), "
+        "owner of the FUSE mounts and volumes it writes to.",
     )
     merge_fuse_sidecar_memory: str = Field(
         # The driver's default is 256Mi; what writing two multi-GB files needs was not measured.

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
+import urllib.parse
 from collections import Counter
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import yaml
 from kubernetes.client.rest import ApiException
 
 from gemma_devcluster.apiserver import ApiServer
-from gemma_operator import api, cli
+from gemma_operator import api, cli, kube_yaml
 from gemma_operator import api as api_
 from gemma_operator.kube import ApiError, Kube
 from tests.support.admission_corpus import CEL_CASES, Case, bases, corpus, crd_rule_messages, with_values
@@ -64,8 +66,9 @@ def server_refusal(client, doc: dict, namespace: str) -> str | None:
 
 
 def render_refusal(doc: dict, path: Path) -> str | None:
-    """None when `gemma-tpu render -f FILE` renders the object, else what it printed on stderr."""
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    """None when `gemma-tpu render -f FILE` renders the object, else what it printed on stderr. The file is
+    the JSON the server gets (JSON is YAML, every string quoted), so that render reads the same values."""
+    path.write_text(json.dumps(doc, ensure_ascii=False))
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli.main_exit(["render", "-f", str(path)])
@@ -161,7 +164,8 @@ async def test_the_in_process_api_admits_every_case_as_the_real_one(verdicts):
             doc = as_kubectl_sends(placed(case, "parity"))
             meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
             target = meta.get("namespace") if isinstance(meta.get("namespace"), str) else "parity"
-            path = f"/apis/{api_.GROUP}/{api_.VERSION}/namespaces/{target}/{api_.KINDS[doc['kind']].plural}"
+            where = urllib.parse.quote(target, safe="")  # a newline in a namespace goes in the path as %0A
+            path = f"/apis/{api_.GROUP}/{api_.VERSION}/namespaces/{where}/{api_.KINDS[doc['kind']].plural}"
             try:
                 await kube._call("POST", path, body=doc, query={"dryRun": "All", "fieldValidation": "Strict"})
                 ours = None
@@ -170,3 +174,88 @@ async def test_the_in_process_api_admits_every_case_as_the_real_one(verdicts):
             if (ours is None) != (server is None):
                 differ.append(f"{case.id}\n    real: {server and server[:200]}\n    in-process: {ours and ours[:200]}")
     assert not differ, f"{len(differ)} cases the two API servers answer differently:\n" + "\n".join(differ)
+
+
+# Scalars that YAML 1.1 (PyYAML) and kubectl's goyaml.v2 read differently, or that Go's integer syntax
+# decides, each as a file would have it: `seed: 0o10` is 8 to kubectl, `team: y` is true, `1:20` a string.
+YAML_SCALARS = [
+    "0o10",
+    "-0o10",
+    "0O10",
+    "010",
+    "08",
+    "09",
+    "0x1F",
+    "0X1f",
+    "0b101",
+    "-0b11",
+    "0B1",
+    "1_000",
+    "1__0",
+    "+5",
+    "-0",
+    "1e3",
+    "1E+2",
+    "0.",
+    ".5",
+    "-.5",
+    "1:20",
+    "12:30:00",
+    "0o8",
+    "0x",
+    "_1",
+    "99999999999999999999",
+    "0xFFFFFFFFFFFFFFFFFF",
+    "9223372036854775808",
+    "y",
+    "Y",
+    "n",
+    "N",
+    "yes",
+    "No",
+    "on",
+    "OFF",
+    "true",
+    "~",
+    "null",
+    "2001-12-14",
+    "2001-12-14T10:00:00Z",
+] + ["'0o10'", "!!int 0o10", "!!float 3", "!!str 08", "!!binary aGk="]
+
+
+def as_float64(value):
+    """A number past 2^53 as the float64 the server decodes it to (Go writes 2^63 as 9223372036854776000)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and abs(value) > 2**53:
+        return float(value)
+    return value
+
+
+def test_render_reads_yaml_as_kubectl_sends_it(control_plane, tmp_path):
+    """Every scalar of YAML_SCALARS in one file: what kubectl 1.32 would send (its client-side dry run prints
+    the JSON) is what render reads, once whole floats go as integers (Go's encoding/json writes them so)."""
+    fields = "\n".join(f"  v{i}: {text}" for i, text in enumerate(YAML_SCALARS))
+    text = f"apiVersion: {api.API_VERSION}\nkind: GemmaFineTune\nmetadata:\n  name: scalars\nspec:\n{fields}\n"
+    (tmp_path / "scalars.yaml").write_text(text)
+    done = control_plane.kubectl(
+        "create", "--dry-run=client", "--validate=false", "-o", "json", "-f", str(tmp_path / "scalars.yaml")
+    )
+    sent = {k: as_float64(v) for k, v in json.loads(done.stdout)["spec"].items()}
+    read = {k: as_float64(v) for k, v in as_kubectl_sends(kube_yaml.load_all(text)[0]["spec"]).items()}
+    differ = {YAML_SCALARS[int(k[1:])]: (sent.get(k), read.get(k)) for k in sent.keys() | read.keys()}
+    assert {t: v for t, v in differ.items() if v[0] != v[1] or type(v[0]) is not type(v[1])} == {}
+
+
+def test_what_kubectl_cannot_send_render_refuses(control_plane, tmp_path):
+    """An infinity has no JSON form: kubectl refuses the file, and so does render, in kubectl's words."""
+    doc = bases()["GemmaFineTune"]["quickstart"]
+    text = yaml.safe_dump(doc).replace("learningRate: 0.01", "learningRate: .inf")
+    assert ".inf" in text
+    (tmp_path / "inf.yaml").write_text(text)
+    done = control_plane.kubectl(
+        "create", "--dry-run=client", "-o", "json", "-f", str(tmp_path / "inf.yaml"), check=False
+    )
+    assert done.returncode != 0 and "error converting YAML to JSON" in done.stderr, done.stderr
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main_exit(["render", "-f", str(tmp_path / "inf.yaml")])
+    assert code == cli.EXIT_INVALID and "error converting YAML to JSON" in err.getvalue() and not out.getvalue()

@@ -8,12 +8,17 @@ emulator; this one is the real server going away and coming back with its watch 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import datetime
 import time
+import uuid
 
 import kubernetes
 
 from gemma_operator import log_filters
+from gemma_operator.kube import USER_AGENT, Kube, NotLeading
+from gemma_operator.leader import Elector, election_client
 from tests.control_plane.conftest import operator_process
 from tests.support.builders import finetune
 from tests.support.cluster import PATIENCE
@@ -95,3 +100,59 @@ def test_one_leader_at_a_time_through_an_api_server_outage_longer_than_the_lease
             line for line in text.splitlines() if " ERROR " in line and any(w in line for w in log_filters.WARMING_UP)
         ]
         assert not warm_up, warm_up[:3]
+
+
+def received(event: dict) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(event["requestReceivedTimestamp"])
+
+
+async def test_no_write_reaches_the_server_after_the_renew_deadline_though_the_pool_was_full(control_plane, namespace):
+    """A leader whose connections are all taken (here by watches the server holds open) queues its writes;
+    meanwhile it loses the Lease. Each queued write asks the deadline once it has a connection, and is cut
+    off at the deadline: the server's audit log shows none of them, and no write of that replica received
+    after its last renewal plus the renew deadline."""
+    me, lease, renew_deadline = f"pool-{uuid.uuid4().hex[:8]}", "pool-leader", 4.0
+    agent = f"{USER_AGENT} ({me})"
+    client = kubernetes.config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    client.configuration.connection_pool_maxsize = 4
+    elector = Elector(election_client(client, agent), namespace, lease, me, 6, 0.5, renew_deadline)
+    assert await elector.acquire(asyncio.Event())
+    stop, lost = asyncio.Event(), []
+    keeping = asyncio.create_task(elector.keep(lambda: lost.append(True), stop))
+    kube = Kube(client, user_agent=agent, write_deadline=elector.write_deadline)
+    cm = lambda name: {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace}}  # noqa: E731
+    await kube.create(cm("before"))
+
+    watch = {"watch": "true", "timeoutSeconds": str(int(renew_deadline) + 3)}
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    watches = [asyncio.create_task(kube._call("GET", path, query=watch, raw=True)) for _ in range(4)]
+
+    def watching() -> int:
+        events = control_plane.audit_events()
+        return sum(
+            e["verb"] == "watch" and e.get("userAgent") == agent and e["stage"] == "ResponseStarted" for e in events
+        )
+
+    while watching() < 4:  # the pool is full once the server has started every watch's answer
+        await asyncio.sleep(0.1)
+    queued = [asyncio.create_task(kube.create(cm(f"queued-{i}"))) for i in range(6)]
+    coordination = kubernetes.client.CoordinationV1Api(client)
+    taken = {"spec": {"holderIdentity": "another-replica", "renewTime": datetime.datetime.now(datetime.UTC)}}
+    await asyncio.to_thread(coordination.patch_namespaced_lease, lease, namespace, taken)
+    await asyncio.gather(*watches)
+    outcomes = await asyncio.gather(*queued, return_exceptions=True)
+    await asyncio.wait_for(keeping, renew_deadline + 5)
+    stop.set()
+
+    assert lost == [True], "the replica stepped down"
+    assert all(isinstance(o, NotLeading) for o in outcomes), outcomes
+    mine = [e for e in control_plane.audit_events() if e.get("userAgent") == agent and e["stage"] == "ResponseComplete"]
+    renewals = [
+        e
+        for e in mine
+        if e["verb"] in WRITES and e["objectRef"]["resource"] == "leases" and e["responseStatus"]["code"] < 300
+    ]
+    writes = [e for e in mine if e["verb"] in WRITES and e["objectRef"]["resource"] != "leases"]
+    assert len(writes) == 1, f"only the write made before the pool filled reached the server: {writes}"
+    deadline = max(received(e) for e in renewals) + datetime.timedelta(seconds=renew_deadline)
+    assert all(received(e) <= deadline for e in writes), [(received(e), deadline) for e in writes]

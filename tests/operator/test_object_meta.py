@@ -22,6 +22,8 @@ def doc(**metadata) -> dict:
         {"annotations": {"Example.com/Note": "x" * 1000}},
         {"finalizers": ["example.com/keep"]},
         {"namespace": "ml-1"},
+        {"annotations": {"big": "\u00e9" * (128 * 1024 - 2)}},  # 262,141 bytes with the key
+        {"name": None, "generateName": "a-"},
     ],
 )
 def test_what_the_server_takes(metadata):
@@ -42,6 +44,15 @@ def test_what_the_server_takes(metadata):
         ({"finalizers": ["keep me"]}, "alphanumeric"),
         ({"namespace": "bad_ns"}, "not a valid namespace name"),
         ({"owner": "me"}, "metadata.owner: unknown field"),
+        # Go's `$` is the very end of the text; Python's would also match before a final newline.
+        ({"name": "a\n"}, "not a valid Kubernetes name"),
+        ({"namespace": "ml\n"}, "not a valid namespace name"),
+        ({"labels": {"team\n": "x"}}, "name part must consist"),
+        ({"labels": {"team": "ml\n"}}, "not a valid label value"),
+        ({"finalizers": ["example.com/keep\n"]}, "alphanumeric"),
+        ({"name": None, "generateName": "a\n"}, "not a valid prefix"),
+        # 140,000 characters, 280,000 bytes: the limit counts bytes.
+        ({"annotations": {"big": "\u00e9" * 140_000}}, "280003 bytes, at most 262144"),
     ],
 )
 def test_what_the_server_refuses(metadata, problem):
@@ -51,3 +62,9 @@ def test_what_the_server_refuses(metadata, problem):
 
 def test_an_unknown_top_level_field_is_refused():
     assert object_meta.problems({**doc(), "extra": 1}) == ["extra: unknown field (strict decoding)"]
+
+
+def test_a_generated_name_is_the_prefix_cut_to_58_characters_and_5_more():
+    assert object_meta.effective_name({"generateName": "g" * 70}) == "g" * 58 + object_meta.GENERATED_STAND_IN
+    assert object_meta.effective_name({"name": "a", "generateName": "b-"}) == "a"
+    assert object_meta.effective_name({}) is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 from pydantic import BaseModel
 from scripts.reference_docs import REFERENCE, stale
 
@@ -46,6 +48,9 @@ def _settings_paths(model: type[BaseModel], path: str = "") -> set[str]:
         out.add(here)
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             out |= _settings_paths(field.annotation, here)
+        item = typing.get_args(field.annotation)[0] if typing.get_origin(field.annotation) is list else None
+        if isinstance(item, type) and issubclass(item, BaseModel):  # a list of objects: its items' fields
+            out |= _settings_paths(item, f"{here}[]")
     return out
 
 

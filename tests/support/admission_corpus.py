@@ -3,10 +3,12 @@
 
 For every field of both specs: each bound just inside and just outside (an exclusive bound at the
 bound), every enum value and one that is not, a pattern broken, strings at their maximum length and
-one past it, list sizes, whole numbers written with a fraction, quoted numbers, wrong types and nulls;
-an unknown field in every object; each CEL rule of the CRDs both ways; and what the server checks
-outside the spec (labels, annotations, finalizers, namespace, name, unknown fields in metadata and at
-the top level). Each case starts from a valid base object, the first of several that the project
+one past it (and at it in four-byte characters: the server counts characters), a valid value with a
+trailing newline wherever a pattern applies (Go's `$` is the very end of the text), list sizes, whole
+numbers written with a fraction, quoted numbers, wrong types and nulls; an unknown field in every object;
+each CEL rule of the CRDs both ways; and what the server checks outside the spec (labels, annotations
+and their size in bytes, finalizers, namespace, name, generateName, trailing newlines in each, unknown
+fields in metadata and at the top level). Each case starts from a valid base object, the first of several that the project
 accepts with the field at its base or inside value, so a case varies one thing.
 """
 
@@ -137,16 +139,20 @@ def bases() -> dict[str, dict[str, dict[str, Any]]]:
 # ---------------------------------------------------------------------------------------------- values
 
 
-def _strings_of_length(node: dict, current: Any, length: int) -> str:
-    """A string of `length` characters that matches the field's pattern, where one of a few shapes does."""
+TWO_BYTES, FOUR_BYTES = "\u00e9", "\U0001f600"  # é and 😀: one character each, 2 and 4 bytes in UTF-8
+
+
+def _strings_of_length(node: dict, current: Any, length: int, fill: str = "a") -> str:
+    """A string of `length` characters (each `fill`, where the shape allows) that matches the field's
+    pattern, where one of a few shapes does."""
     base = current if isinstance(current, str) else ""
     candidates = [
-        base + "a" * (length - len(base)),
-        "a" * length,
-        "/" + "a" * (length - 1),
+        base + fill * (length - len(base)),
+        fill * length,
+        "/" + fill * (length - 1),
         "1" * (length - 4) + "x1x1",
         "1" * (length - 2) + "Gi",
-        "gs://" + "a" * (length - 5),
+        "gs://" + fill * (length - 5),
     ]
     pattern = node.get("pattern")
     for text in candidates:
@@ -191,10 +197,16 @@ def _string_cases(node: dict, current: Any) -> Iterator[tuple[str, Any]]:
     if "maxLength" in node:
         yield f"at maxLength {node['maxLength']}", _strings_of_length(node, current, node["maxLength"])
         yield "past maxLength", _strings_of_length(node, current, node["maxLength"] + 1)
+        # The server counts a string's characters (kube-openapi: utf8.RuneCountInString), not its bytes.
+        yield "at maxLength in four-byte characters", _strings_of_length(node, "", node["maxLength"], FOUR_BYTES)
+        yield "past maxLength in two-byte characters", _strings_of_length(node, "", node["maxLength"] + 1, TWO_BYTES)
     if node.get("minLength", 0) > 0:
         yield "shorter than minLength", ""
     if "pattern" in node:
         yield "pattern broken", "Not a Match!"
+        # Go's `$` matches only at the very end: a valid value and a newline is refused.
+        valid = current if isinstance(current, str) else _strings_of_length(node, "", 8)
+        yield "pattern with a trailing newline", valid + "\n"
     yield "number for a string", 12
 
 
@@ -506,6 +518,17 @@ def cel_cases() -> Iterator[Case]:
 # ---------------------------------------------------------------------------------------------- metadata
 
 LONG = "a" * 63
+ANNOTATION_BYTES = 256 * 1024  # apimachinery's TotalAnnotationSizeLimitB, keys and values in UTF-8 bytes
+
+
+def _annotation_of_bytes(total: int, char: str) -> dict[str, str]:
+    """One annotation whose key and value make `total` bytes, its value of `char` (and ASCII to make up)."""
+    key = "example.com/big"
+    room = total - len(key)
+    width = len(char.encode())
+    return {key: char * (room // width) + "x" * (room % width)}
+
+
 METADATA_CASES: dict[str, dict[str, Any]] = {
     "label with a prefixed key": {"metadata.labels": {"example.com/team": "ml"}},
     "label key of 63 characters": {"metadata.labels": {LONG: "x"}},
@@ -541,6 +564,41 @@ METADATA_CASES: dict[str, dict[str, Any]] = {
     "name with dots": {"metadata.name": "tiny.capitals"},
     "name of 254 characters": {"metadata.name": "a" * 254},
     "name of 63 characters": {"metadata.name": LONG},
+    # Go's `$` matches only at the very end of the text: each regex-checked string with a trailing newline.
+    "name with a trailing newline": {"metadata.name": "tiny\n"},
+    "namespace with a trailing newline": {"metadata.namespace": "ml\n"},
+    "label key with a trailing newline": {"metadata.labels": {"team\n": "ml"}},
+    "label key prefix with a trailing newline": {"metadata.labels": {"example.com\n/team": "ml"}},
+    "label value with a trailing newline": {"metadata.labels": {"team": "ml\n"}},
+    "annotation key with a trailing newline": {"metadata.annotations": {"note\n": "x"}},
+    "annotation value with a trailing newline": {"metadata.annotations": {"note": "x\n"}},
+    "finalizer with a trailing newline": {"metadata.finalizers": ["example.com/keep\n"]},
+    "generateName with a trailing newline": {"metadata.name": DELETE, "metadata.generateName": "tiny\n"},
+    # Multi-byte strings at the byte limits: annotations count UTF-8 bytes, label values are ASCII.
+    "annotations of two-byte characters at 256 KiB": {
+        "metadata.annotations": _annotation_of_bytes(ANNOTATION_BYTES, TWO_BYTES)
+    },
+    "annotations of two-byte characters past 256 KiB": {
+        "metadata.annotations": _annotation_of_bytes(ANNOTATION_BYTES + 1, TWO_BYTES)
+    },
+    "annotations of 140,000 two-byte characters": {"metadata.annotations": {"example.com/big": TWO_BYTES * 140_000}},
+    "annotations of four-byte characters at 256 KiB": {
+        "metadata.annotations": _annotation_of_bytes(ANNOTATION_BYTES, FOUR_BYTES)
+    },
+    "annotations of four-byte characters past 256 KiB": {
+        "metadata.annotations": _annotation_of_bytes(ANNOTATION_BYTES + 1, FOUR_BYTES)
+    },
+    "label value of two-byte characters": {"metadata.labels": {"team": TWO_BYTES * 31}},
+    "label key of two-byte characters": {"metadata.labels": {TWO_BYTES * 31: "ml"}},
+    "name of two-byte characters": {"metadata.name": TWO_BYTES * 10},
+    # generateName without a name: the server makes the name (the prefix cut to 58 characters, and 5 more).
+    "generateName without a name": {"metadata.name": DELETE, "metadata.generateName": "tiny-"},
+    "generateName of 63 characters": {"metadata.name": DELETE, "metadata.generateName": LONG},
+    "generateName of 254 characters": {"metadata.name": DELETE, "metadata.generateName": "a" * 254},
+    "generateName ending with a dot": {"metadata.name": DELETE, "metadata.generateName": "tiny."},
+    "generateName in upper case": {"metadata.name": DELETE, "metadata.generateName": "Tiny-"},
+    "generateName beside a name": {"metadata.generateName": "other-"},
+    "neither name nor generateName": {"metadata.name": DELETE},
     "no spec": {"spec": DELETE},
     "spec a string": {"spec": "x"},
     "status on create": {"status": {"phase": "Succeeded"}},

@@ -27,6 +27,20 @@ def _as_job(name: str, namespace: str, job_spec: dict) -> dict:
     }
 
 
+def pod_templates(obj: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(where, template) of each pod template an object holds: a Job's or Deployment's, each replicated
+    Job's of a JobSet, a LeaderWorkerSet's leader and worker."""
+    spec = obj.get("spec") or {}
+    if obj["kind"] in ("Job", "Deployment"):
+        return [(obj["kind"], spec["template"])]
+    if obj["kind"] == "JobSet":
+        return [(f"JobSet job {r['name']}", r["template"]["spec"]["template"]) for r in spec["replicatedJobs"]]
+    if obj["kind"] == "LeaderWorkerSet":
+        lws = spec["leaderWorkerTemplate"]
+        return [("LWS leader", lws["leaderTemplate"]), ("LWS worker", lws["workerTemplate"])]
+    return []
+
+
 def validate_object(obj: dict[str, Any]) -> None:
     """Validate any object the operator renders; raises on the first schema violation."""
     kind, meta = obj["kind"], obj["metadata"]

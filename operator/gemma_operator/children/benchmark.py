@@ -177,8 +177,8 @@ def job(plan: ServePlan, settings: OperatorSettings, owner: dict | None) -> dict
             *common.storage_volume(plan.spec.storage)[0],
         ],
         "automountServiceAccountToken": False,
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
     }
+    common.every_pod(pod_spec, settings)
     if plan.service_account:
         pod_spec["serviceAccountName"] = plan.service_account  # reads the model as the server does
     # The FUSE sidecar, for a gs:// model or prompts file.

@@ -156,10 +156,21 @@ def place(pod_spec: dict[str, Any], placement: Any, service_account: str | None)
     return pod_spec
 
 
+def every_pod(pod_spec: dict[str, Any], settings: OperatorSettings) -> dict[str, Any]:
+    """What every pod spec the operator creates carries: who it runs as (`workload_pod_security`), and
+    the tolerations the platform gives all of them (settings.pod_tolerations) after the placement's."""
+    pod_spec["securityContext"] = workload_pod_security(settings)
+    if settings.pod_tolerations:
+        pod_spec["tolerations"] = [*pod_spec.get("tolerations", []), *(t.manifest() for t in settings.pod_tolerations)]
+    return pod_spec
+
+
 def workload_pod_security(settings: OperatorSettings) -> dict[str, Any]:
-    """Who training and merge pods run as: the workloads image's USER, stated so that FUSE mount
-    options can name it, and fsGroup so that the disks they write (a staging volume, a PVC) are
-    theirs: Kubernetes mounts a new volume root-owned unless the pod sets fsGroup (Kubernetes docs,
+    """Who every pod the operator creates runs as (training, merge, serving, benchmark): the images'
+    USER, stated so that FUSE mount options can name it and so that an image whose USER is root or a
+    name still runs as Pod Security's `restricted` level asks (runAsNonRoot, which the kubelet can only
+    check against a numeric user), and fsGroup so that the disks they write (a staging volume, a PVC)
+    are theirs: Kubernetes mounts a new volume root-owned unless the pod sets fsGroup (Kubernetes docs,
     "Configure a Security Context for a Pod or Container": fsGroup)."""
     uid = settings.workload_user
     return {

@@ -105,8 +105,8 @@ def job(plan: FineTunePlan, settings: OperatorSettings, owner: dict | None) -> d
         "restartPolicy": "Never",
         "containers": [container],
         "volumes": [cfg_volume, *staging_volumes, *store_volumes, *fuse_volumes],
-        "securityContext": common.workload_pod_security(settings),
     }
+    common.every_pod(pod_spec, settings)
     if settings.merge_node_selector:
         pod_spec["nodeSelector"] = dict(settings.merge_node_selector)
     if plan.service_account:

@@ -175,11 +175,11 @@ def _pod(plan: ServePlan, settings: OperatorSettings, role: str) -> dict[str, An
             "containers": [container],
             "volumes": volumes,
             "automountServiceAccountToken": False,  # vLLM needs no Kubernetes API
-            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         },
         plan.placement,
         plan.service_account,
     )
+    common.every_pod(spec, settings)
     return {"metadata": _pod_metadata(plan, model, role), "spec": spec}
 
 

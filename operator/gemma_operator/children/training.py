@@ -97,9 +97,8 @@ def pod_template(plan: FineTunePlan, settings: OperatorSettings, config_map_name
         "terminationGracePeriodSeconds": int(plan.train.termination_grace_seconds),
         "containers": [container],
         "volumes": [cfg_volume, shm, *staging_volumes, *store_volumes],
-        "securityContext": common.workload_pod_security(settings),
     }
-    common.place(spec, plan.placement, plan.service_account)
+    common.every_pod(common.place(spec, plan.placement, plan.service_account), settings)
     return {"metadata": {"labels": _labels(plan)}, "spec": spec}
 
 

@@ -1,14 +1,15 @@
 """Every object of every example renders and is valid Kubernetes, checked offline."""
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
 from gemma_operator import cli
-from gemma_operator.children import merge_objects, serving_objects, training_objects
+from gemma_operator.children import benchmark, merge_objects, serving_objects, training_objects
 from gemma_operator.settings import OperatorSettings
-from tests.support.validation import validate_cr, validate_object
+from tests.support.validation import pod_templates, validate_cr, validate_object
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 EXAMPLE_FILES = sorted(p for p in EXAMPLES.rglob("*.yaml") if "gitops" not in p.parts)  # gitops/: Argo CD and Flux
@@ -152,3 +153,40 @@ def test_plan_json_gives_the_derived_values(capsys):
     }
     assert p["workload"] == "JobSet" and p["mesh"] == {"fsdp": 2, "tp": 4} and p["gradientAccumulation"] == 4
     assert p["hbmPerChip"]["fits"] and p["estimate"]["chipHours"] > 0
+
+
+def test_render_reads_integers_and_names_as_the_server_gets_them(tmp_path, capsys):
+    """kubectl sends `seed: 0o10` as 8 (Go's integer syntax) and the server names a CR with only a
+    generateName itself: render takes both, and says what stands for the server's random characters."""
+    text = (EXAMPLES / "quickstart" / "finetune.yaml").read_text()
+    text = text.replace("  name: tiny-capitals\n", "  generateName: tiny-\n").replace("steps: 200", "steps: 0o310")
+    (tmp_path / "cr.yaml").write_text(text)
+    assert cli.main_exit(["render", "-f", str(tmp_path / "cr.yaml")]) == 0
+    captured = capsys.readouterr()
+    config = next(d for d in yaml.safe_load_all(captured.out) if d["kind"] == "ConfigMap")
+    assert config["metadata"]["name"].startswith("tiny-xxxxx-")
+    assert json.loads(config["data"]["train.json"])["steps"] == 200
+    assert "the API server names it 'tiny-' and 5 random characters" in captured.err
+
+
+def test_every_pod_runs_restricted_and_carries_the_platform_tolerations():
+    """Each pod template of every example's children: the pod security context of Pod Security's
+    `restricted` level (held to a real API server by tests/control_plane/test_pod_security.py), and
+    settings.pod_tolerations after the placement's own."""
+    extra = {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+    settings = OperatorSettings.model_validate({"pod_tolerations": [extra]})
+    docs = cli._load_crs([str(EXAMPLES), str(EXAMPLES / "quickstart")])
+    plans, _ = cli.plan_documents(docs, settings)
+    objects = []
+    for kind, plan in plans:
+        if kind == "GemmaFineTune":
+            objects += training_objects(plan, settings) + merge_objects(plan, settings)
+        else:
+            objects += serving_objects(plan, settings) + (
+                [benchmark.job(plan, settings, None)] if plan.spec.benchmark else []
+            )
+    templates = [(o["metadata"]["name"], where, t["spec"]) for o in objects for where, t in pod_templates(o)]
+    assert {where.split()[0] for _, where, _ in templates} == {"Job", "JobSet", "Deployment", "LWS"}
+    for name, where, spec in templates:
+        assert spec["securityContext"]["runAsNonRoot"] and spec["securityContext"]["runAsUser"] == 65532, (name, where)
+        assert spec["tolerations"][-1] == extra, (name, where, spec["tolerations"])

@@ -7,11 +7,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import threading
 import time
 
 import kopf
-import kubernetes
 import pytest
 
 from gemma_devcluster.apiserver import write_kubeconfig
@@ -56,15 +54,14 @@ async def test_a_refused_connection_is_the_operators_api_error():
 
 
 async def test_a_candidate_that_cannot_reach_the_api_waits_and_never_raises(caplog):
-    cfg = kubernetes.client.Configuration()
-    cfg.host = closed_port()
-    elector = leader.Elector(kubernetes.client.ApiClient(cfg), "ops", "lead", "b", retry_seconds=0.05)
+    kube = Kube.from_url(closed_port(), leader.LEASE_KINDS)
+    elector = leader.Elector(kube, "ops", "lead", "b", retry_seconds=0.05)
     with pytest.raises(ApiError):
-        await asyncio.to_thread(elector.try_acquire_or_renew)
-    stop = threading.Event()
-    threading.Timer(0.5, stop.set).start()
+        await elector.try_acquire_or_renew()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.5, stop.set)
     with caplog.at_level(logging.WARNING, "gemma_operator.leader"):
-        assert await asyncio.to_thread(elector.acquire, stop) is False, "it waited until told to stop"
+        assert await elector.acquire(stop) is False, "it waited until told to stop"
     said = [r.getMessage() for r in caplog.records if "cannot reach the API" in r.getMessage()]
     assert len(said) == 1, f"an outage is logged once, not at every attempt: {said}"
     assert not elector.holds()

@@ -5,15 +5,15 @@ other waits alive and ready, and takes over when the leader stops."""
 from __future__ import annotations
 
 import asyncio
-import threading
+import time
 
-import kubernetes
 import pytest
 
 from gemma_devcluster.apiserver import write_kubeconfig
 from gemma_devcluster.processes import free_port
 from gemma_operator.children import training
-from gemma_operator.leader import Elector
+from gemma_operator.kube import Kube
+from gemma_operator.leader import LEASE_KINDS, Elector
 from gemma_operator.plan import plan_finetune
 from gemma_operator.settings import OperatorSettings
 from tests.support.builders import finetune
@@ -36,15 +36,14 @@ class Clock:
 
 
 def elector(apiserver, identity: str, clock: Clock) -> Elector:
-    cfg = kubernetes.client.Configuration()
-    cfg.host = str(apiserver.url).rstrip("/")
-    return Elector(kubernetes.client.ApiClient(cfg), "ops", "lead", identity, lease_seconds=15, clock=clock)
+    kube = Kube.from_url(str(apiserver.url), LEASE_KINDS)
+    return Elector(kube, "ops", "lead", identity, lease_seconds=15, clock=clock)
 
 
 async def test_a_silent_leader_is_replaced_once_its_lease_expires(apiserver):
     clock = Clock()
     a, b = elector(apiserver, "a", clock), elector(apiserver, "b", clock)
-    attempt = lambda e: asyncio.to_thread(e.try_acquire_or_renew)  # noqa: E731
+    attempt = lambda e: e.try_acquire_or_renew()  # noqa: E731
     assert await attempt(a) and await attempt(a), "the first candidate leads and renews"
     assert not await attempt(b)
     clock.now += 14
@@ -59,21 +58,26 @@ async def test_a_silent_leader_is_replaced_once_its_lease_expires(apiserver):
 async def test_concurrent_candidates_get_one_leader(apiserver):
     clock = Clock()
     candidates = [elector(apiserver, f"c{i}", clock) for i in range(4)]
-    won = await asyncio.gather(*(asyncio.to_thread(c.try_acquire_or_renew) for c in candidates))
+    won = await asyncio.gather(*(c.try_acquire_or_renew() for c in candidates))
     assert sum(won) == 1
 
 
 async def test_a_leader_that_cannot_renew_steps_down_and_release_hands_over(apiserver):
     clock = Clock()
     a, b = elector(apiserver, "a", clock), elector(apiserver, "b", clock)
-    assert await asyncio.to_thread(a.try_acquire_or_renew)
-    await asyncio.to_thread(a.release)
-    assert await asyncio.to_thread(b.try_acquire_or_renew), "a released lease is taken at once"
+    assert await a.try_acquire_or_renew()
+    await a.release()
+    assert await b.try_acquire_or_renew(), "a released lease is taken at once"
 
     lost = []
     a.retry_seconds, a.renew_deadline, clock.step = 0.01, 3, 1.0  # b holds it: a's renewals fail, time passes
-    await asyncio.wait_for(asyncio.to_thread(a.keep, lambda: lost.append(True), threading.Event()), 5)
+    await asyncio.wait_for(a.keep(lambda: lost.append(True), asyncio.Event()), 5)
     assert lost == [True], "a stepped down once its renew deadline passed"
+    assert a.write_deadline() is None, "a replica that handed the Lease over may not write"
+    clock.step, until = 0.0, b.write_deadline()
+    assert until is not None and until > time.monotonic(), "b leads: its writes may go until its renew deadline"
+    clock.now += b.renew_deadline
+    assert b.write_deadline() <= time.monotonic(), "once b's renew deadline has passed, none may"
 
 
 def with_ports(command: list[str], health: int, metrics: int) -> list[str]:
